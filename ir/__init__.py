@@ -1,0 +1,45 @@
+"""geir: a graph IR compiler and executor for CANN ops-transformer training operators.
+
+Build graphs with ``GraphBuilder``, run them with ``run`` on the NumPy runtime, and check
+them against a device with ``check``. See the project README for a tour.
+"""
+
+from __future__ import annotations
+
+from ._dtypes import DType, as_dtype
+from ._errors import ExecutionError, GeirWarning, GraphError, SourceLocation
+from ._types import Dim, SymbolTable, TensorType
+from ._core import Graph, Node, Value
+from ._builder import GraphBuilder
+from ._api import check, run
+
+float32 = DType.FLOAT32
+float16 = DType.FLOAT16
+bfloat16 = DType.BFLOAT16
+int32 = DType.INT32
+int64 = DType.INT64
+bool_ = DType.BOOL
+
+__all__ = [
+    "DType",
+    "Dim",
+    "ExecutionError",
+    "GeirWarning",
+    "Graph",
+    "GraphBuilder",
+    "GraphError",
+    "Node",
+    "SourceLocation",
+    "SymbolTable",
+    "TensorType",
+    "Value",
+    "as_dtype",
+    "bfloat16",
+    "bool_",
+    "check",
+    "float16",
+    "float32",
+    "int32",
+    "int64",
+    "run",
+]

@@ -1,0 +1,208 @@
+"""GraphBuilder: builds graphs the way CANN's graph mode does, one method per registered op.
+
+The op methods are generated from the schemas: ``b.InplacePartialRotaryMulGrad(dy, cos, sin,
+rotary_mode=1, partial_slice=[16, 48])``. Each call checks the node at once (signature,
+semantic rules, inference), so a bad graph fails at the line that built it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ._core import CANN_DOMAIN, Graph, Node, Value
+from ._dtypes import DTypeLike
+from ._errors import GraphError, user_location
+from ._types import TensorType
+
+if TYPE_CHECKING:
+    from geir.schemas import OpSchema
+
+__all__ = ["GraphBuilder"]
+
+OpResult = Value | tuple[Value | None, ...]
+
+
+class GraphBuilder:
+    """Accumulates inputs, nodes and outputs; ``build()`` verifies and returns the Graph."""
+
+    def __init__(self, name: str) -> None:
+        self._graph = Graph(name)
+        self._names: set[str] = set()
+        self._values: set[int] = set()
+        self._counts: dict[str, int] = {}
+        self._built = False
+
+    # -- graph interface -----------------------------------------------------------------
+    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str]) -> Value:
+        """Declare a graph input; dims are ints or symbol names bound when the graph runs."""
+        self._check_open()
+        self._claim(name, "input")
+        try:
+            value = Value(name, TensorType(dtype, shape))
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"graph '{self._graph.name}': input '{name}': {exc}") from None
+        self._graph.inputs.append(value)
+        self._values.add(id(value))
+        return value
+
+    def declare_equal(self, *symbols: str) -> None:
+        """Declare symbolic dims equal (otherwise two different symbols are different sizes)."""
+        for a, b in zip(symbols, symbols[1:]):
+            self._graph.symbols.declare_equal(a, b)
+
+    def output(self, value: Value, name: str | None = None) -> Value:
+        """Mark ``value`` as a graph output, renamed to ``name`` when given."""
+        self._check_open()
+        self._check_value(value, "output")
+        if any(v is value for v in self._graph.outputs):
+            raise GraphError(f"graph '{self._graph.name}': value '{value.name}' is already a graph output")
+        if name is not None and name != value.name:
+            if value.producer is None:
+                raise GraphError(f"graph '{self._graph.name}': output '{name}': a graph input keeps its name "
+                                 f"'{value.name}' as an output")
+            self._claim(name, "output")
+            self._names.discard(value.name)
+            value.name = name
+        self._graph.outputs.append(value)
+        return value
+
+    def build(self) -> Graph:
+        """Verify the graph and infer every type (raises GraphError); the builder is then closed."""
+        from geir.passes import build_pipeline
+
+        self._check_open()
+        if not self._graph.outputs:
+            raise GraphError(f"graph '{self._graph.name}': no outputs; mark at least one with output()")
+        graph, _ = build_pipeline()(self._graph)
+        self._built = True
+        return graph
+
+    # -- ops -----------------------------------------------------------------------------
+    def op(self, op_type: str, *inputs: Value | None, domain: str = CANN_DOMAIN, name: str | None = None,
+           **attributes: Any) -> OpResult:
+        """Add a node of any registered op; inputs positional, attributes by keyword."""
+        from geir.schemas import get_schema
+
+        return self._add(get_schema(op_type, domain, name), list(inputs), {}, attributes, name)
+
+    def __getattr__(self, op_type: str) -> Any:
+        from geir.schemas import all_schemas
+
+        for schema in all_schemas():
+            if schema.op_type == op_type:
+                method = _op_method(schema)
+                return method.__get__(self, type(self))
+        raise AttributeError(f"'GraphBuilder' has no attribute or registered op {op_type!r}")
+
+    def __dir__(self) -> list[str]:
+        from geir.schemas import all_schemas
+
+        return sorted(set(super().__dir__()) | {s.op_type for s in all_schemas()})
+
+    def _add(self, schema: OpSchema, positional: list[Any], named_inputs: dict[str, Any],
+             attributes: dict[str, Any], name: str | None) -> OpResult:
+        from geir.schemas import InferContext
+
+        self._check_open()
+        location = user_location()
+        if name is None:
+            n = self._counts.get(schema.op_type, 0)
+            while f"{schema.op_type}_{n}" in self._names:
+                n += 1
+            self._counts[schema.op_type] = n + 1
+            name = f"{schema.op_type}_{n}"
+        if len(positional) > len(schema.inputs):
+            schema.raise_error("SCH-2", name, "inputs", f"at most {len(schema.inputs)}", len(positional), location)
+        inputs: list[Value | None] = positional + [None] * (len(schema.inputs) - len(positional))
+        for key, value in named_inputs.items():
+            i = schema.input_index(key)
+            if i < len(positional):
+                raise GraphError(f"{schema.op_type} '{name}': input {i} '{key}' given both by position and "
+                                 f"by name", node=name, location=location)
+            inputs[i] = value
+        for i, value in enumerate(inputs):
+            if value is not None:
+                self._check_value(value, f"{schema.op_type} '{name}': input {i} '{schema.inputs[i].name}'")
+        bound = schema.bind_attributes(attributes, name, location)
+        types = [v.type if v is not None else None for v in inputs]
+        schema.check_signature(types, name, location)
+        ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location)
+        out_types = schema.infer_types(ctx)
+        self._claim(name, "node")
+        out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
+                     for s, t in zip(schema.outputs, out_types)]
+        node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location)
+        self._graph.nodes.append(node)
+        for value in node.outputs:
+            if value is not None:
+                self._values.add(id(value))
+        return node.outputs[0] if len(node.outputs) == 1 else node.outputs
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._built:
+            raise GraphError(f"graph '{self._graph.name}' is already built; start a new GraphBuilder")
+
+    def _check_value(self, value: Any, what: str) -> None:
+        if not isinstance(value, Value):
+            raise GraphError(f"{what}: expected a geir Value of graph '{self._graph.name}', got "
+                             f"{type(value).__name__}", location=user_location())
+        if id(value) not in self._values:
+            raise GraphError(f"{what}: value '{value.name}' belongs to another graph", location=user_location())
+
+    def _claim(self, name: str, what: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"graph '{self._graph.name}': {what} name must be a non-empty str, got {name!r}")
+        if name in self._names:
+            raise GraphError(f"graph '{self._graph.name}': {what} name '{name}' is already used")
+        self._names.add(name)
+
+    def _fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name in self._names:
+            name, n = f"{base}_{n}", n + 1
+        self._names.add(name)
+        return name
+
+
+_METHODS: dict[int, Any] = {}
+
+
+def _op_method(schema: OpSchema) -> Any:
+    """Generate (once per schema) the builder method for an op, with a real signature and doc."""
+    cached = _METHODS.get(id(schema))
+    if cached is not None:
+        return cached
+    input_names = [s.name for s in schema.inputs]
+    attr_names = {s.name for s in schema.attributes}
+
+    def method(self: GraphBuilder, *args: Any, name: str | None = None, **kwargs: Any) -> OpResult:
+        named = {k: kwargs.pop(k) for k in list(kwargs) if k in input_names}
+        for key in kwargs:
+            if key not in attr_names:
+                schema.raise_error("SCH-3", name or schema.op_type, f"keyword '{key}'",
+                              "an input (" + ", ".join(input_names) + ") or attribute ("
+                              + ", ".join(attr_names) + ")", "an unknown name", user_location())
+        return self._add(schema, list(args), named, kwargs, name)
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                 default=None if s.optional else inspect.Parameter.empty) for s in schema.inputs]
+    params += [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY,
+                                 default=inspect.Parameter.empty if s.required else s.default)
+               for s in schema.attributes]
+    params.append(inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None))
+    method.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    method.__name__ = method.__qualname__ = schema.op_type
+    lines = [schema.doc, "", "Inputs:"]
+    lines += [f"    {s.name} ({'optional' if s.optional else 'required'}; "
+              f"{', '.join(map(str, s.dtypes))}): {s.doc}" for s in schema.inputs]
+    lines += ["Attributes:"] + [f"    {s.name} ({s.kind.value}, default {s.default!r}): {s.doc}"
+                                for s in schema.attributes]
+    lines += ["Returns:", "    " + ", ".join(s.name for s in schema.outputs)
+              + (" (a tuple in GE IR order; None for absent optional outputs)" if len(schema.outputs) > 1 else "")]
+    method.__doc__ = "\n".join(lines)
+    _METHODS[id(schema)] = method
+    return method

@@ -1,0 +1,174 @@
+"""The SSA graph: values that know their producer and uses, nodes, and the graph itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+
+from ._errors import GraphError, SourceLocation
+from ._types import SymbolTable, TensorType
+
+if TYPE_CHECKING:
+    from geir.schemas import OpSchema
+
+__all__ = ["Graph", "Node", "Value"]
+
+CANN_DOMAIN = "ai.cann"
+
+
+class Value:
+    """An SSA value: produced once (by a node, or as a graph input), used by any number of nodes."""
+
+    __slots__ = ("name", "type", "producer", "index", "_uses")
+
+    def __init__(self, name: str, type: TensorType, producer: Node | None = None, index: int = 0) -> None:
+        self.name = name
+        self.type = type
+        self.producer = producer
+        self.index = index
+        self._uses: list[tuple[Node, int]] = []
+
+    @property
+    def uses(self) -> tuple[tuple[Node, int], ...]:
+        """``(node, input_index)`` for every input slot that reads this value."""
+        return tuple(self._uses)
+
+    @property
+    def dtype(self):
+        return self.type.dtype
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+    def __repr__(self) -> str:
+        return f"Value({self.name!r}, {self.type})"
+
+
+class Node:
+    """One operator application. Inputs are an immutable tuple (None for absent optional inputs)."""
+
+    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location")
+
+    def __init__(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attributes: Mapping[str, Any],
+        output_types: Sequence[tuple[str, TensorType] | None],
+        *,
+        name: str,
+        domain: str = CANN_DOMAIN,
+        location: SourceLocation | None = None,
+    ) -> None:
+        self.op_type = op_type
+        self.domain = domain
+        self.name = name
+        self.attributes = dict(attributes)
+        self.location = location
+        self._inputs: tuple[Value | None, ...] = ()
+        for i, value in enumerate(inputs):
+            self._inputs += (value,)
+            if value is not None:
+                value._uses.append((self, i))
+        self.outputs: tuple[Value | None, ...] = tuple(
+            None if spec is None else Value(spec[0], spec[1], self, i) for i, spec in enumerate(output_types)
+        )
+
+    @property
+    def inputs(self) -> tuple[Value | None, ...]:
+        return self._inputs
+
+    def set_input(self, index: int, value: Value | None) -> None:
+        """Replace input ``index``, keeping both values' use lists right."""
+        old = self._inputs[index]
+        if old is not None:
+            old._uses.remove((self, index))
+        if value is not None:
+            value._uses.append((self, index))
+        self._inputs = self._inputs[:index] + (value,) + self._inputs[index + 1 :]
+
+    @property
+    def schema(self) -> OpSchema:
+        from geir.schemas import get_schema
+
+        return get_schema(self.op_type, self.domain)
+
+    def __str__(self) -> str:
+        outs = ", ".join(v.name if v is not None else "_" for v in self.outputs)
+        ins = ", ".join(v.name if v is not None else "None" for v in self._inputs)
+        attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in self.attributes.items())
+        text = f"{outs} = {self.domain}::{self.op_type}({ins})"
+        if attrs:
+            text += f" {{{attrs}}}"
+        return text + f"  # '{self.name}'" + (f" at {self.location}" if self.location else "")
+
+    def __repr__(self) -> str:
+        return f"Node({self.op_type!r}, name={self.name!r})"
+
+
+def _format_attr(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return repr(value)
+
+
+class Graph:
+    """A named SSA graph: ordered inputs, nodes (in insertion order) and named outputs.
+
+    ``symbols`` holds the symbolic dimensions declared equal; ``properties`` records what
+    passes have guaranteed (``"verified"``, ``"typed"``, ...).
+    """
+
+    def __init__(self, name: str, symbols: SymbolTable | None = None) -> None:
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.symbols = symbols if symbols is not None else SymbolTable()
+        self.properties: set[str] = set()
+
+    def values(self) -> Iterator[Value]:
+        """Every value of the graph: inputs first, then node outputs in node order."""
+        yield from self.inputs
+        for node in self.nodes:
+            yield from (v for v in node.outputs if v is not None)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"graph '{self.name}' has no node named {name!r}")
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The node dependency graph: an edge ``producer -> consumer`` per data dependency."""
+        dag = nx.DiGraph()
+        dag.add_nodes_from(self.nodes)
+        for node in self.nodes:
+            for value in node.inputs:
+                if value is not None and value.producer is not None:
+                    dag.add_edge(value.producer, node)
+        return dag
+
+    def topological_order(self) -> list[Node]:
+        """Nodes in dependency order, ties broken by insertion order; GraphError on a cycle."""
+        dag = self.to_networkx()
+        try:
+            cycle = nx.find_cycle(dag)
+        except nx.NetworkXNoCycle:
+            position = {n: i for i, n in enumerate(self.nodes)}
+            return list(nx.lexicographical_topological_sort(dag, key=position.__getitem__))
+        names = " -> ".join(f"'{u.name}'" for u, _ in cycle) + f" -> '{cycle[0][0].name}'"
+        raise GraphError(f"graph '{self.name}' has a cycle: {names}")
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.name}(" + ", ".join(f"{v.name}: {v.type}" for v in self.inputs) + ") {"]
+        for node in self.nodes:
+            lines.append("  " + str(node))
+        lines.append("  return " + ", ".join(f"{v.name}: {v.type}" for v in self.outputs))
+        lines.append("}")
+        if self.symbols.groups():
+            lines.append("symbols declared equal: " + "; ".join(" == ".join(sorted(g)) for g in self.symbols.groups()))
+        return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""Tensor types with symbolic dimensions, declared dimension equalities and broadcasting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ._dtypes import DType, DTypeLike, as_dtype
+
+__all__ = ["BroadcastError", "Dim", "SymbolTable", "TensorType", "as_shape"]
+
+Dim = int | str
+"""A dimension: a non-negative int, or a symbol (a non-empty str) whose value is bound at run time."""
+
+
+def as_shape(shape: Iterable[object]) -> tuple[Dim, ...]:
+    """Validate a shape given as a sequence of ints and symbol names."""
+    dims: list[Dim] = []
+    for k, d in enumerate(shape):
+        if isinstance(d, bool) or not isinstance(d, (int, str)) and not hasattr(d, "__index__"):
+            raise TypeError(f"dim {k} of shape {tuple(shape)!r}: expected an int or a symbol name, got {d!r}")
+        if isinstance(d, str):
+            if not d.isidentifier():
+                raise ValueError(f"dim {k}: symbol {d!r} is not an identifier")
+            dims.append(d)
+            continue
+        d = int(d)
+        if d < 0:
+            raise ValueError(f"dim {k} of shape {tuple(shape)!r}: expected >= 0, got {d}")
+        dims.append(d)
+    return tuple(dims)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """The static type of a value: element dtype and shape (ints and symbols)."""
+
+    dtype: DType
+    shape: tuple[Dim, ...]
+
+    def __init__(self, dtype: DTypeLike, shape: Iterable[object]) -> None:
+        object.__setattr__(self, "dtype", as_dtype(dtype))
+        object.__setattr__(self, "shape", as_shape(shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dimension is a concrete int."""
+        return all(isinstance(d, int) for d in self.shape)
+
+    def with_shape(self, shape: Iterable[object]) -> TensorType:
+        return TensorType(self.dtype, shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+
+class BroadcastError(ValueError):
+    """Two dimensions that must broadcast do not; ``axis`` counts from the left of the result."""
+
+    def __init__(self, axis: int, left: Dim, right: Dim) -> None:
+        self.axis, self.left, self.right = axis, left, right
+        super().__init__(f"dim {axis}: {left} and {right} do not broadcast")
+
+
+class SymbolTable:
+    """Symbols declared equal (a union-find); the basis of every dimension comparison.
+
+    Comparisons are three-valued: True (provably equal), False (provably different: two
+    different ints, or two symbols never declared equal) and None (an int against a symbol:
+    undecidable until the symbol is bound at run time).
+    """
+
+    def __init__(self) -> None:
+        self._parent: dict[str, str] = {}
+
+    def declare_equal(self, a: str, b: str) -> None:
+        ra, rb = self.canonical(a), self.canonical(b)
+        if ra != rb:
+            self._parent[max(ra, rb)] = min(ra, rb)
+
+    def canonical(self, symbol: str) -> str:
+        while symbol in self._parent:
+            symbol = self._parent[symbol]
+        return symbol
+
+    def groups(self) -> list[set[str]]:
+        """The declared equivalence classes with more than one symbol."""
+        classes: dict[str, set[str]] = {}
+        for s in self._parent:
+            classes.setdefault(self.canonical(s), {self.canonical(s)}).add(s)
+        return list(classes.values())
+
+    def copy(self) -> SymbolTable:
+        other = SymbolTable()
+        other._parent = dict(self._parent)
+        return other
+
+    def equal(self, a: Dim, b: Dim) -> bool | None:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        if isinstance(a, str) and isinstance(b, str):
+            return self.canonical(a) == self.canonical(b)
+        return None
+
+    def broadcast(self, left: Sequence[Dim], right: Sequence[Dim]) -> tuple[Dim, ...]:
+        """NumPy broadcasting over symbolic shapes (right-aligned).
+
+        ``1`` against anything gives the other dim; an int against a symbol gives the int
+        (the symbol must take that value at run time); a mismatch raises BroadcastError.
+        """
+        rank = max(len(left), len(right))
+        lpad = (1,) * (rank - len(left)) + tuple(left)
+        rpad = (1,) * (rank - len(right)) + tuple(right)
+        out: list[Dim] = []
+        for axis, (x, y) in enumerate(zip(lpad, rpad)):
+            if x == 1:
+                out.append(y)
+            elif y == 1:
+                out.append(x)
+            else:
+                same = self.equal(x, y)
+                if same is False:
+                    raise BroadcastError(axis, x, y)
+                out.append(y if isinstance(y, int) else x)
+        return tuple(out)

@@ -1,0 +1,29 @@
+"""Graph passes: verification, inference, dead-code elimination and target checks."""
+
+from __future__ import annotations
+
+from ._infra import Pass, PassManager, PassResult
+from .check_target import CheckReport, CheckTarget, Violation
+from .dead_code import EliminateDeadCode, live_nodes
+from .infer_shapes import InferShapes, infer_node
+from .verify import VerifyGraph
+
+__all__ = [
+    "CheckReport",
+    "CheckTarget",
+    "EliminateDeadCode",
+    "InferShapes",
+    "Pass",
+    "PassManager",
+    "PassResult",
+    "VerifyGraph",
+    "Violation",
+    "build_pipeline",
+    "infer_node",
+    "live_nodes",
+]
+
+
+def build_pipeline() -> PassManager:
+    """What ``GraphBuilder.build`` runs: structural verification, then inference and semantic rules."""
+    return PassManager([VerifyGraph(), InferShapes()])

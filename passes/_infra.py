@@ -1,0 +1,56 @@
+"""Pass infrastructure: a pass states what it requires and ensures; a manager runs a sequence."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar, NamedTuple
+
+from geir._core import Graph
+from geir._errors import GraphError
+
+__all__ = ["Pass", "PassManager", "PassResult"]
+
+
+class PassResult(NamedTuple):
+    graph: Graph
+    modified: bool
+
+
+class Pass(ABC):
+    """One transformation or analysis of a graph, in place.
+
+    ``requires``: graph properties that must hold before (set by earlier passes);
+    ``ensures``: properties that hold after the pass ran.
+    """
+
+    requires: ClassVar[frozenset[str]] = frozenset()
+    ensures: ClassVar[frozenset[str]] = frozenset()
+
+    @abstractmethod
+    def call(self, graph: Graph) -> PassResult: ...
+
+    def __call__(self, graph: Graph) -> PassResult:
+        missing = self.requires - graph.properties
+        if missing:
+            raise GraphError(
+                f"pass {type(self).__name__} requires {sorted(missing)} on graph '{graph.name}'; "
+                f"run the passes that ensure them first"
+            )
+        result = self.call(graph)
+        graph.properties |= self.ensures
+        return result
+
+
+class PassManager:
+    """Runs passes in order; the result is modified if any pass modified the graph."""
+
+    def __init__(self, passes: Sequence[Pass]) -> None:
+        self.passes = list(passes)
+
+    def __call__(self, graph: Graph) -> PassResult:
+        modified = False
+        for p in self.passes:
+            graph, changed = p(graph)
+            modified |= changed
+        return PassResult(graph, modified)

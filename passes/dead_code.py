@@ -1,0 +1,36 @@
+"""EliminateDeadCode: remove nodes that no graph output depends on."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from geir._core import Graph, Node
+
+from ._infra import Pass, PassResult
+
+__all__ = ["EliminateDeadCode", "live_nodes"]
+
+
+def live_nodes(graph: Graph) -> set[Node]:
+    """The nodes some graph output depends on (ancestors of the output producers)."""
+    dag = graph.to_networkx()
+    roots = {v.producer for v in graph.outputs if v.producer is not None}
+    live = set(roots)
+    for node in roots:
+        live |= nx.ancestors(dag, node)
+    return live
+
+
+class EliminateDeadCode(Pass):
+    """Our ops have no side effects, so a node is dead when no graph output depends on it."""
+
+    requires = frozenset({"verified"})
+
+    def call(self, graph: Graph) -> PassResult:
+        live = live_nodes(graph)
+        dead = [n for n in graph.nodes if n not in live]
+        for node in dead:
+            for i in range(len(node.inputs)):
+                node.set_input(i, None)
+        graph.nodes = [n for n in graph.nodes if n in live]
+        return PassResult(graph, bool(dead))

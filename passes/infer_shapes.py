@@ -1,0 +1,47 @@
+"""InferShapes: shape/dtype inference and the semantic rules of every node, in dependency order."""
+
+from __future__ import annotations
+
+from geir._core import Graph, Node
+from geir._errors import GraphError
+from geir._types import SymbolTable, TensorType
+from geir.schemas import InferContext
+
+from ._infra import Pass, PassResult
+
+__all__ = ["InferShapes", "infer_node"]
+
+
+def infer_node(node: Node, symbols: SymbolTable, input_types=None) -> tuple[InferContext, tuple[TensorType | None, ...]]:
+    """Run one node's semantic rules and inference on its (or the given) input types."""
+    types = [v.type if v is not None else None for v in node.inputs] if input_types is None else input_types
+    ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=symbols, location=node.location)
+    return ctx, node.schema.infer_types(ctx)
+
+
+class InferShapes(Pass):
+    """Recomputes every output type from its inputs; rejects a node whose semantic rules fail.
+
+    A stored output type that disagrees with the inferred one is replaced (imported graphs);
+    an output slot that inference says must be absent but holds a value is an error.
+    """
+
+    requires = frozenset({"verified"})
+    ensures = frozenset({"typed"})
+
+    def call(self, graph: Graph) -> PassResult:
+        modified = False
+        for node in graph.topological_order():
+            _, types = infer_node(node, graph.symbols)
+            for i, (value, inferred) in enumerate(zip(node.outputs, types)):
+                if value is None:
+                    continue
+                if inferred is None:
+                    raise GraphError(
+                        f"{node.op_type} '{node.name}': output {i} '{node.schema.outputs[i].name}': expected "
+                        f"no value (its paired input is absent), got '{value.name}'",
+                        node=node.name, location=node.location)
+                if value.type != inferred:
+                    value.type = inferred
+                    modified = True
+        return PassResult(graph, modified)

@@ -1,0 +1,17 @@
+"""Runtimes: the ``Runtime`` protocol and its implementations, looked up by name."""
+
+from __future__ import annotations
+
+from ._feeds import validate_feeds
+from ._protocol import Executable, Runtime, get_runtime, register_runtime, runtime_names
+
+__all__ = ["Executable", "Runtime", "get_runtime", "register_runtime", "runtime_names", "validate_feeds"]
+
+
+def _numpy_runtime() -> Runtime:
+    from .numpy import NumpyRuntime
+
+    return NumpyRuntime()
+
+
+register_runtime("numpy", _numpy_runtime)

@@ -1,0 +1,44 @@
+"""The Runtime protocol and the registry of runtimes by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import numpy as np
+
+from geir._core import Graph
+
+__all__ = ["Executable", "Runtime", "get_runtime", "register_runtime", "runtime_names"]
+
+
+class Executable(Protocol):
+    """A graph compiled for one runtime."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run on the given inputs; return the graph outputs by name. Feeds are never modified."""
+        ...
+
+
+class Runtime(Protocol):
+    name: str
+
+    def compile(self, graph: Graph) -> Executable: ...
+
+
+_FACTORIES: dict[str, Callable[[], Runtime]] = {}
+
+
+def register_runtime(name: str, factory: Callable[[], Runtime]) -> None:
+    _FACTORIES[name] = factory
+
+
+def runtime_names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def get_runtime(name: str) -> Runtime:
+    try:
+        return _FACTORIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown runtime {name!r}: expected one of {', '.join(runtime_names())}") from None

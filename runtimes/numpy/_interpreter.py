@@ -1,0 +1,112 @@
+"""The NumPy interpreter: runs a verified graph node by node with the kernels of this package."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from geir._core import Graph, Node
+from geir._errors import ExecutionError, GraphError
+from geir._types import TensorType
+from geir.passes import infer_node, live_nodes
+
+from .._feeds import validate_feeds
+from ._kernels import KERNELS
+
+__all__ = ["NumpyExecutable", "NumpyRuntime"]
+
+
+class NumpyRuntime:
+    """Reference runtime: NumPy kernels, float32 compute, one rounding per output."""
+
+    name = "numpy"
+
+    def compile(self, graph: Graph) -> NumpyExecutable:
+        return NumpyExecutable(graph)
+
+
+class NumpyExecutable:
+    """A schedule of the live nodes with each value's last use, so buffers die early.
+
+    In-place: an aliased output may reuse its input's buffer only when the runtime created
+    that buffer (never a feed), this node is its last reader and it is not a graph output.
+    Nodes whose input types hold symbols re-run their semantic rules on the concrete shapes.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        if not {"verified", "typed"} <= graph.properties:
+            raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
+        self.graph = graph
+        live = live_nodes(graph)
+        self.order: list[Node] = [n for n in graph.topological_order() if n in live]
+        self.kernels = {}
+        for node in self.order:
+            kernel = KERNELS.get((node.domain, node.op_type))
+            if kernel is None:
+                raise GraphError(f"runtime 'numpy' has no kernel for {node.domain}::{node.op_type} "
+                                 f"(node '{node.name}')", node=node.name, location=node.location)
+            self.kernels[node] = kernel
+        self.outputs = {id(v) for v in graph.outputs}
+        self.last_use: dict[int, int] = {}
+        for step, node in enumerate(self.order):
+            for value in node.inputs:
+                if value is not None:
+                    self.last_use[id(value)] = step
+        self.symbolic = {n for n in self.order if not all(v.type.is_static for v in n.inputs if v is not None)}
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        env, _ = validate_feeds(self.graph, feeds)
+        owned: set[str] = set()
+        for step, node in enumerate(self.order):
+            args = [env[v.name] if v is not None else None for v in node.inputs]
+            expected = self._expected_types(node, args)
+            kwargs = dict(node.attributes)
+            if node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
+                kwargs["out"] = args[0]
+            try:
+                results = self.kernels[node](*args, **kwargs)
+            except ExecutionError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(f"While executing {_describe(node)}: {type(exc).__name__}: {exc}",
+                                     node=node.name) from exc
+            if not isinstance(results, tuple):
+                results = (results,)
+            for value, array, want in zip(node.outputs, results, expected):
+                if value is None:
+                    continue
+                if array.dtype != want.dtype.numpy or array.shape != want.shape:
+                    raise ExecutionError(f"{_describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
+                                         f"for output '{value.name}', expected {want}", node=node.name)
+                env[value.name] = array
+                owned.add(value.name)
+            for value in node.inputs:
+                if value is not None and self.last_use[id(value)] == step and id(value) not in self.outputs:
+                    env.pop(value.name, None)
+        result = {}
+        for value in self.graph.outputs:
+            array = env[value.name]
+            result[value.name] = array if value.name in owned else array.copy()
+        return result
+
+    def _may_reuse(self, node: Node, index: int, step: int, owned: set[str]) -> bool:
+        value = node.inputs[index]
+        return (value is not None and value.name in owned and self.last_use[id(value)] == step
+                and id(value) not in self.outputs
+                and sum(1 for v in node.inputs if v is value) == 1)
+
+    def _expected_types(self, node: Node, args: list[np.ndarray | None]) -> list[TensorType | None]:
+        """Output types on concrete shapes; re-checks the semantic rules when dims were symbolic."""
+        if node not in self.symbolic:
+            return [v.type if v is not None else None for v in node.outputs]
+        concrete = [None if a is None else TensorType(v.type.dtype, a.shape) for v, a in zip(node.inputs, args)]
+        try:
+            _, types = infer_node(node, self.graph.symbols, concrete)
+        except GraphError as exc:
+            raise ExecutionError(f"{exc.message} (on the fed shapes; {_describe(node)})", node=node.name) from None
+        return list(types)
+
+
+def _describe(node: Node) -> str:
+    return f"{node.op_type} '{node.name}'" + (f" (built at {node.location})" if node.location else "")

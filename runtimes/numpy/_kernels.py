@@ -1,0 +1,19 @@
+"""The NumPy kernel table: op type -> kernel function (plain arrays and attributes in, arrays out)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .rotary import rotary_mul, rotary_mul_grad
+
+__all__ = ["KERNELS"]
+
+Kernel = Callable[..., object]
+
+KERNELS: dict[tuple[str, str], Kernel] = {
+    ("ai.cann", "InplacePartialRotaryMul"): rotary_mul,
+    ("ai.cann", "InplacePartialRotaryMulGrad"): rotary_mul_grad,
+}
+"""Kernels take the node's inputs positionally (None for absent ones) and its attributes by
+keyword; ops with an aliased output also take ``out=`` (a buffer the runtime owns, possibly the
+aliased input itself). They return one array or a tuple in output order."""

@@ -1,0 +1,39 @@
+"""The operator registry: every schema, keyed by (domain, op type)."""
+
+from __future__ import annotations
+
+from geir._errors import GraphError
+
+from ._schema import OpSchema
+
+__all__ = ["all_schemas", "get_schema", "register"]
+
+_SCHEMAS: dict[tuple[str, str], OpSchema] = {}
+
+
+def register(schema: OpSchema) -> OpSchema:
+    """Add a schema; an op type may be declared only once per domain."""
+    key = (schema.domain, schema.op_type)
+    if key in _SCHEMAS:
+        raise ValueError(f"op {schema.domain}::{schema.op_type} is declared twice")
+    _SCHEMAS[key] = schema
+    return schema
+
+
+def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None) -> OpSchema:
+    """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones."""
+    try:
+        return _SCHEMAS[(domain, op_type)]
+    except KeyError:
+        known = ", ".join(sorted(op for d, op in _SCHEMAS if d == domain)) or "none"
+        where = f" '{node}'" if node else ""
+        raise GraphError(
+            f"[SCH-1] {op_type}{where}: op type: expected an op of domain '{domain}' ({known}), "
+            f"got unknown op '{op_type}'",
+            rule="SCH-1",
+            node=node,
+        ) from None
+
+
+def all_schemas() -> list[OpSchema]:
+    return list(_SCHEMAS.values())

@@ -1,0 +1,48 @@
+"""Numerics helpers: ulp distances and the project's tolerance rules against float64 references."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def ordered_bits(a: np.ndarray) -> np.ndarray:
+    """Map floats to integers whose order and differences count representable values."""
+    bits = a.view(_UINT[a.dtype.itemsize]).astype(np.int64)
+    sign = np.int64(1) << (8 * a.dtype.itemsize - 1)
+    return np.where(bits & sign, -(bits & (sign - 1)), bits)
+
+
+def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """How many representable values of ``actual.dtype`` lie between the two (same dtype)."""
+    assert actual.dtype == expected.dtype
+    return np.abs(ordered_bits(actual) - ordered_bits(expected))
+
+
+def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool(
+        np.array_equal(a.view(_UINT[a.dtype.itemsize]), b.view(_UINT[b.dtype.itemsize])))
+
+
+F32_COMPUTE_EPS = 2.0 ** -22
+"""Bound on the float32 compute error relative to the magnitude of the terms (two products, one sum)."""
+
+
+def assert_matches_reference(actual: np.ndarray, ref64: np.ndarray, magnitude: np.ndarray, what: str = "") -> None:
+    """The contract's tolerance: float32 within 1e-6 relative to the terms' magnitude;
+    float16/bfloat16 within 1 ulp of the float64-then-round value, or within the float32 compute
+    error where cancellation makes the result tiny next to its terms."""
+    dt = actual.dtype
+    a64 = actual.astype(np.float64)
+    err = np.abs(a64 - ref64)
+    if dt == np.float32:
+        bad = err > 1e-6 * magnitude + 1e-30
+    else:
+        rounded = ref64.astype(np.float32).astype(dt) if dt == ml_dtypes.bfloat16 else ref64.astype(dt)
+        bad = (ulp_distance(actual, rounded) > 1) & (err > F32_COMPUTE_EPS * magnitude)
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} element(s) off; first at {idx}: got {actual[idx]!r}, "
+                             f"reference {ref64[idx]!r} (magnitude {magnitude[idx]!r}, dtype {dt})")
