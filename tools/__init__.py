@@ -1,0 +1,1 @@
+"""The geir command line and its jobs (demo, bench)."""

@@ -1,0 +1,38 @@
+"""The ``geir`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="geir", description="Graph IR compiler and executor for CANN "
+                                     "ops-transformer training operators.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="run the spec's graph-mode examples and compare with expected values")
+    demo.add_argument("--runtime", default="numpy", help="runtime to run on (default: numpy)")
+    bench = commands.add_parser("bench", help="benchmark ops against copy bandwidth and plain NumPy")
+    bench.add_argument("suite", nargs="*", help="benchmarks to run (default: all): rotary")
+    bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
+    bench.add_argument("--repeat", type=int, default=5, help="timed repetitions; the best is reported")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return 1 if run_demo(args.runtime) else 0
+    from .bench import BENCHES
+
+    unknown = [s for s in args.suite if s not in BENCHES]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")
+    for name in args.suite or sorted(BENCHES):
+        print(BENCHES[name](quick=args.quick, repeat=args.repeat))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
