@@ -29,7 +29,8 @@ class GraphBuilder:
 
     def __init__(self, name: str) -> None:
         self._graph = Graph(name)
-        self._names: set[str] = set()
+        self._names: set[str] = set()       # value names (inputs, node outputs)
+        self._node_names: set[str] = set()  # node names: a namespace of their own, as in ONNX
         self._values: set[int] = set()
         self._counts: dict[str, int] = {}
         self._built = False
@@ -109,7 +110,7 @@ class GraphBuilder:
         location = user_location()
         if name is None:
             n = self._counts.get(schema.op_type, 0)
-            while f"{schema.op_type}_{n}" in self._names:
+            while f"{schema.op_type}_{n}" in self._node_names:
                 n += 1
             self._counts[schema.op_type] = n + 1
             name = f"{schema.op_type}_{n}"
@@ -130,7 +131,7 @@ class GraphBuilder:
         schema.check_signature(types, name, location)
         ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location)
         out_types = schema.infer_types(ctx)
-        self._claim(name, "node")
+        self._claim(name, "node", self._node_names)
         out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
                      for s, t in zip(schema.outputs, out_types)]
         node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location)
@@ -152,12 +153,13 @@ class GraphBuilder:
         if id(value) not in self._values:
             raise GraphError(f"{what}: value '{value.name}' belongs to another graph", location=user_location())
 
-    def _claim(self, name: str, what: str) -> None:
+    def _claim(self, name: str, what: str, space: set[str] | None = None) -> None:
+        space = self._names if space is None else space
         if not isinstance(name, str) or not name:
             raise GraphError(f"graph '{self._graph.name}': {what} name must be a non-empty str, got {name!r}")
-        if name in self._names:
+        if name in space:
             raise GraphError(f"graph '{self._graph.name}': {what} name '{name}' is already used")
-        self._names.add(name)
+        space.add(name)
 
     def _fresh(self, base: str) -> str:
         name, n = base, 1
