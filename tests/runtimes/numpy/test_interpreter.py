@@ -53,8 +53,10 @@ def test_chain_matches_reference_and_feeds_are_never_modified(dtype):
     np.testing.assert_allclose(out["y"].astype(np.float64), expected.astype(np.float64), rtol=1e-2, atol=1e-2)
 
 
-def test_in_place_only_on_owned_buffers_at_their_last_use(monkeypatch):
-    seen = []
+@pytest.fixture
+def reuse_log(monkeypatch):
+    """Records, for each rotary-grad call, whether the runtime passed the input buffer as ``out``."""
+    seen: list[bool] = []
     original = KERNELS[("ai.cann", ROPE_GRAD)]
 
     def spy(dy, cos, sin, *, out=None, **attrs):
@@ -62,20 +64,18 @@ def test_in_place_only_on_owned_buffers_at_their_last_use(monkeypatch):
         return original(dy, cos, sin, out=out, **attrs)
 
     monkeypatch.setitem(KERNELS, ("ai.cann", ROPE_GRAD), spy)
+    return seen
+
+
+def test_in_place_only_on_owned_buffers_at_their_last_use(reuse_log):
+    seen = reuse_log
     g = _chain(length=3)
     geir.run(g, random_feeds(g, bindings={"B": 2}))
     assert seen == [False, True, True]  # the feed is never written; intermediates are reused
 
 
-def test_no_reuse_when_the_value_is_read_later_or_is_an_output(monkeypatch):
-    seen = []
-    original = KERNELS[("ai.cann", ROPE_GRAD)]
-
-    def spy(dy, cos, sin, *, out=None, **attrs):
-        seen.append(out is dy)
-        return original(dy, cos, sin, out=out, **attrs)
-
-    monkeypatch.setitem(KERNELS, ("ai.cann", ROPE_GRAD), spy)
+def test_no_reuse_when_the_value_is_read_later_or_is_an_output(reuse_log):
+    seen = reuse_log
     b = geir.GraphBuilder("fan")
     x = b.input("x", "float32", (1, 4, 2, 16))
     c = b.input("c", "float32", (1, 4, 1, 16))
