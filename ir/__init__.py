@@ -12,6 +12,7 @@ from ._types import Dim, SymbolTable, TensorType
 from ._core import Graph, Node, Value
 from ._builder import GraphBuilder
 from ._api import check, run
+from . import moe_indices
 
 float32 = DType.FLOAT32
 float16 = DType.FLOAT16
@@ -41,5 +42,6 @@ __all__ = [
     "float32",
     "int32",
     "int64",
+    "moe_indices",
     "run",
 ]

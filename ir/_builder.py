@@ -190,8 +190,10 @@ def _op_method(schema: OpSchema) -> Any:
         return self._add(schema, list(args), named, kwargs, name)
 
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                 default=None if s.optional else inspect.Parameter.empty) for s in schema.inputs]
+    first_optional = next((i for i, s in enumerate(schema.inputs) if s.optional), len(schema.inputs))
+    params += [inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,  # Python wants defaults after
+                                 default=None if i >= first_optional else inspect.Parameter.empty)  # the first one
+               for i, s in enumerate(schema.inputs)]
     params += [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY,
                                  default=inspect.Parameter.empty if s.required else s.default)
                for s in schema.attributes]

@@ -88,10 +88,12 @@ class ExecutionError(RuntimeError):
 
     Attributes:
         node: the name of the node being executed, or None for feed errors.
+        rule: the contract's data-validation rule ID (``MU-D1``, ...), if one applies.
     """
 
-    def __init__(self, message: str, *, node: str | None = None) -> None:
+    def __init__(self, message: str, *, node: str | None = None, rule: str | None = None) -> None:
         self.node = node
+        self.rule = rule
         super().__init__(message)
 
 

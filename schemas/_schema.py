@@ -10,13 +10,14 @@ from typing import Any
 import numpy as np
 
 from geir._dtypes import DType
-from geir._errors import GraphError, SourceLocation, format_rule_message
+from geir._errors import ExecutionError, GraphError, SourceLocation, format_rule_message
 from geir._types import Dim, SymbolTable, TensorType
 
 __all__ = [
     "REQUIRED",
     "AttrKind",
     "AttrSpec",
+    "DataContext",
     "InferContext",
     "InputSpec",
     "OpSchema",
@@ -95,7 +96,36 @@ class AttrSpec:
         return self.default is REQUIRED
 
 
-class InferContext:
+class _NodeContext:
+    """Naming shared by the contexts: how a rule's subject and message read."""
+
+    schema: OpSchema
+    node: str
+    attributes: dict[str, Any]
+    location: SourceLocation | None
+    target: str | None = None
+
+    def attr(self, name: str) -> Any:
+        return self.attributes[name]
+
+    def input_subject(self, key: int | str, dim: int | None = None) -> str:
+        i = self.schema.input_index(key)
+        text = f"input {i} '{self.schema.inputs[i].name}'"
+        return text if dim is None else f"{text} dim {dim}"
+
+    def output_subject(self, index: int) -> str:
+        return f"output {index} '{self.schema.outputs[index].name}'"
+
+    @staticmethod
+    def attr_subject(name: str) -> str:
+        return f"attribute '{name}'"
+
+    def message(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> str:
+        return format_rule_message(rule, self.schema.op_type, self.node, subject, expected, got, hint=hint,
+                                   target=self.target)
+
+
+class InferContext(_NodeContext):
     """What a schema's ``check``/``infer`` sees of one node, and how it reports violations.
 
     Dimension comparisons go through ``equal``, which is three-valued over symbols; a rule
@@ -124,34 +154,16 @@ class InferContext:
         self.outputs: list[TensorType | None] = [None] * len(schema.outputs)
         self.deferred: list[str] = []
 
-    # -- reading -------------------------------------------------------------------------
     def input(self, key: int | str) -> TensorType | None:
         return self.inputs[self.schema.input_index(key)]
-
-    def attr(self, name: str) -> Any:
-        return self.attributes[name]
-
-    def input_subject(self, key: int | str, dim: int | None = None) -> str:
-        i = self.schema.input_index(key)
-        text = f"input {i} '{self.schema.inputs[i].name}'"
-        return text if dim is None else f"{text} dim {dim}"
-
-    def output_subject(self, index: int) -> str:
-        return f"output {index} '{self.schema.outputs[index].name}'"
-
-    @staticmethod
-    def attr_subject(name: str) -> str:
-        return f"attribute '{name}'"
 
     def equal(self, a: Dim, b: Dim) -> bool | None:
         return self.symbols.equal(a, b)
 
     # -- reporting -----------------------------------------------------------------------
     def error(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> GraphError:
-        message = format_rule_message(
-            rule, self.schema.op_type, self.node, subject, expected, got, hint=hint, target=self.target
-        )
-        return GraphError(message, rule=rule, node=self.node, location=self.location)
+        return GraphError(self.message(rule, subject, expected, got, hint), rule=rule, node=self.node,
+                          location=self.location)
 
     def fail(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> None:
         raise self.error(rule, subject, expected, got, hint)
@@ -170,6 +182,25 @@ class InferContext:
     # -- writing -------------------------------------------------------------------------
     def set_output(self, key: int | str, type: TensorType) -> None:
         self.outputs[self.schema.output_index(key)] = type
+
+
+class DataContext(_NodeContext):
+    """What a schema's run-time data validation (``..-D#`` rules) sees of one node: its input arrays."""
+
+    def __init__(self, schema: OpSchema, node: str, arrays: Sequence[np.ndarray | None],
+                 attributes: Mapping[str, Any], *, location: SourceLocation | None = None) -> None:
+        self.schema = schema
+        self.node = node
+        self.arrays = tuple(arrays)
+        self.attributes = dict(attributes)
+        self.location = location
+
+    def array(self, key: int | str) -> np.ndarray | None:
+        return self.arrays[self.schema.input_index(key)]
+
+    def fail(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> None:
+        """Raise ExecutionError: bad data is found while running, not while building."""
+        raise ExecutionError(self.message(rule, subject, expected, got, hint), node=self.node, rule=rule)
 
 
 Rule = Callable[[InferContext], None]
@@ -191,6 +222,8 @@ class OpSchema:
     type_combinations: tuple[tuple[DType | None, ...], ...]
     infer: Rule
     check: Rule
+    validate: Callable[[DataContext], None] | None = None
+    """Run-time data validation on the input arrays (indices, lengths); None when the op has none."""
     domain: str = "ai.cann"
     version: int = 1
     doc: str = ""

@@ -98,6 +98,22 @@ def _cos_layout(ctx: InferContext) -> Finding | None:
     return None
 
 
+# -- MoE token unpermute (spec 3.2) --------------------------------------------------------
+MOE, MOE_GRAD = "MoeTokenUnpermute", "MoeTokenUnpermuteGrad"
+
+
+def _no_moe_graph_kernel(ctx: InferContext) -> Finding:
+    return Finding("op", f"a target with a {ctx.schema.op_type} graph kernel ({A2}, {A3})", ctx.target,
+                   "CANN re-routes only the aclnn API to MoeFinalizeRoutingV2(Grad) on ascend950")
+
+
+def _topk_limit(ctx: InferContext) -> Finding | None:
+    probs = ctx.input("probs")
+    if probs is None or not isinstance(probs.shape[1], int) or probs.shape[1] <= 512:
+        return None
+    return Finding(ctx.input_subject("probs", 1), "topK <= 512", probs.shape[1])
+
+
 _RULES: tuple[TargetRule, ...] = (
     TargetRule("RP-T1", ROPE_GRAD, frozenset({A2, A3}), _no_grad_kernel),
     TargetRule("RP-T2", ROPE, frozenset({A2, A3, A5}), _mode_is_interleave),
@@ -106,4 +122,8 @@ _RULES: tuple[TargetRule, ...] = (
     TargetRule("RP-T3", ROPE_GRAD, frozenset({A5}), _head_dim_limit(forward=False)),
     TargetRule("RP-T4", ROPE, frozenset({A2, A3, A5}), _head_dim_even),
     TargetRule("RP-T5", ROPE, frozenset({A2, A3}), _cos_layout),
+    TargetRule("MU-T1", MOE, frozenset({A5}), _no_moe_graph_kernel),
+    TargetRule("MG-T1", MOE_GRAD, frozenset({A5}), _no_moe_graph_kernel),
+    TargetRule("MU-T2", MOE, frozenset({A2, A3}), _topk_limit),
+    TargetRule("MG-T2", MOE_GRAD, frozenset({A2, A3}), _topk_limit),
 )

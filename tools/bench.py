@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import geir
+from geir.moe_indices import sorted_indices_from_expert_ids
 from geir.runtimes import get_runtime
 
 from ._table import format_table
@@ -58,6 +59,26 @@ def naive_rotary_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, start: i
     return out
 
 
+def _memory_bound_rows(label: str, moved: int, timings: list[tuple[str, Callable[[], object]]],
+                       repeat: int) -> list[tuple[str, ...]]:
+    """Time each implementation; ratios are to the first (the copy of the same bytes)."""
+    times = [(name, best_time(fn, repeat)) for name, fn in timings]
+    t_copy = times[0][1]
+    return [(label, name, f"{t * 1e3:.2f}", f"{moved / t / 1e9:.2f}", f"{t / t_copy:.2f}x") for name, t in times]
+
+
+def _compile_one_node(name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
+    b = geir.GraphBuilder(name)
+    inputs = [b.input(k, v.dtype, v.shape) for k, v in feeds.items()]
+    results = getattr(b, op)(*inputs, **attrs)
+    for value, out_name in zip(results if isinstance(results, tuple) else (results,), outputs):
+        b.output(value, out_name)
+    return get_runtime("numpy").compile(b.build())
+
+
+HEADERS = ("case", "implementation", "ms", "effective GB/s", "vs copy")
+
+
 def bench_rotary(quick: bool = False, repeat: int = 5) -> str:
     cases = [RotaryBenchCase("full slice", "float32", (4, 2048, 32, 128), (0, 128)),
              RotaryBenchCase("slice [128,192)", "bfloat16", (1, 4096, 128, 192), (128, 192))]
@@ -67,20 +88,62 @@ def bench_rotary(quick: bool = False, repeat: int = 5) -> str:
     for case in cases:
         feeds = case.arrays()
         dy = feeds["dy"]
-        b = geir.GraphBuilder("rope_grad_bench")
-        inputs = [b.input(k, v.dtype, v.shape) for k, v in feeds.items()]
-        b.output(b.InplacePartialRotaryMulGrad(*inputs, rotary_mode=1, partial_slice=list(case.partial_slice)), "dx")
-        executable = get_runtime("numpy").compile(b.build())
+        executable = _compile_one_node("rope_grad_bench", "InplacePartialRotaryMulGrad", feeds, ("dx",),
+                                       rotary_mode=1, partial_slice=list(case.partial_slice))
         dst = np.empty_like(dy)
-        moved = 2 * dy.nbytes  # read dy, write dx
-        t_copy = best_time(lambda: np.copyto(dst, dy), repeat)
-        t_geir = best_time(lambda: executable.run(feeds), repeat)
-        t_naive = best_time(lambda: naive_rotary_grad(dy, feeds["cos"], feeds["sin"], *case.partial_slice), repeat)
-        for name, t in (("np.copyto(dy)", t_copy), ("geir numpy runtime", t_geir), ("naive NumPy formula", t_naive)):
-            rows.append((f"{list(case.shape)} {case.dtype} {case.label}", name, f"{t * 1e3:.2f}",
-                         f"{moved / t / 1e9:.2f}", f"{t / t_copy:.2f}x"))
+        rows += _memory_bound_rows(f"{list(case.shape)} {case.dtype} {case.label}", 2 * dy.nbytes, [
+            ("np.copyto(dy)", lambda: np.copyto(dst, dy)),
+            ("geir numpy runtime", lambda: executable.run(feeds)),
+            ("naive NumPy formula", lambda: naive_rotary_grad(dy, feeds["cos"], feeds["sin"], *case.partial_slice)),
+        ], repeat)
     title = "InplacePartialRotaryMulGrad, mode 1 (bytes moved = read dy + write dx; target: geir <= 4x copy)"
-    return title + "\n" + format_table(("case", "implementation", "ms", "effective GB/s", "vs copy"), rows)
+    return title + "\n" + format_table(HEADERS, rows)
 
 
-BENCHES: dict[str, Callable[..., str]] = {"rotary": bench_rotary}
+def naive_moe_grad(tokens: np.ndarray, grad: np.ndarray, indices: np.ndarray, probs: np.ndarray):
+    """The spec's formula written the obvious NumPy way (full-size float32 temporaries)."""
+    n, topk = probs.shape
+    out = np.empty((indices.size, grad.shape[1]), grad.dtype)
+    out[indices] = (grad.astype(np.float32)[:, None, :] * probs.astype(np.float32)[:, :, None]).reshape(
+        indices.size, -1).astype(grad.dtype)
+    pg = (tokens.astype(np.float32)[indices.reshape(n, topk)] * grad.astype(np.float32)[:, None, :]).sum(-1)
+    return out, pg.astype(probs.dtype)
+
+
+EXPERTS = 64
+
+
+def bench_moe(quick: bool = False, repeat: int = 5) -> str:
+    """Grad with probs on realistic routing: sorted_indices from a stable sort of random top-K expert ids.
+
+    Two copy baselines: into a reused buffer (pure bandwidth) and into a fresh one (what any op
+    that returns a new output also pays: the kernel zeroes and maps its pages on first touch).
+    """
+    tokens, topk, hidden = (512, 8, 256) if quick else (8192, 8, 1024)
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        rng = np.random.default_rng(0)
+        np_dt = geir.as_dtype(dtype).numpy
+        experts = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :topk]  # top-K routing, distinct experts
+        feeds = {"permuted_tokens": rng.standard_normal((tokens * topk, hidden), np.float32).astype(np_dt),
+                 "unpermuted_tokens_grad": rng.standard_normal((tokens, hidden), np.float32).astype(np_dt),
+                 "sorted_indices": sorted_indices_from_expert_ids(experts),
+                 "probs": rng.uniform(0, 1, (tokens, topk)).astype(np_dt)}
+        executable = _compile_one_node("moe_grad_bench", "MoeTokenUnpermuteGrad", feeds,
+                                       ("permuted_tokens_grad", "probs_grad"))
+        moved = 2 * feeds["permuted_tokens"].nbytes + feeds["unpermuted_tokens_grad"].nbytes
+        src = np.empty(moved // 2, np.uint8)
+        src[:] = 1
+        dst = np.empty_like(src)
+        rows += _memory_bound_rows(f"T={tokens} K={topk} H={hidden} {dtype}", moved, [
+            ("np.copyto of the same bytes", lambda: np.copyto(dst, src)),
+            ("same, into a fresh buffer", lambda: np.copyto(np.empty_like(src), src)),
+            ("geir numpy runtime", lambda: executable.run(feeds)),
+            ("naive NumPy formula", lambda: naive_moe_grad(*feeds.values())),
+        ], repeat)
+    title = ("MoeTokenUnpermuteGrad with probs (bytes moved = read permuted_tokens and dY, write "
+             "permuted_tokens_grad; target: geir <= 3x copy)")
+    return title + "\n" + format_table(HEADERS, rows)
+
+
+BENCHES: dict[str, Callable[..., str]] = {"rotary": bench_rotary, "moe": bench_moe}

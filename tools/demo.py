@@ -21,21 +21,34 @@ TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
 """Max abs error allowed for results of magnitude <= 16 computed from rounded inputs."""
 
 
+Builder = Callable[[], tuple[geir.Graph, dict[str, np.ndarray]]]
+
+
 @dataclass
 class DemoCase:
+    """One graph, its feeds, and the expected value of each graph output (one array: output 'y')."""
+
     name: str
     op: str
     dtype: str
-    build: Callable[[], tuple[geir.Graph, dict[str, np.ndarray]]]
-    expected: np.ndarray
+    build: Builder
+    expected: np.ndarray | dict[str, np.ndarray]
 
     def run(self, runtime: str = "numpy") -> tuple[float, bool]:
         graph, feeds = self.build()
         snapshot = {k: v.copy() for k, v in feeds.items()}
-        (result,) = geir.run(graph, feeds, runtime=runtime).values()
+        results = geir.run(graph, feeds, runtime=runtime)
         unchanged = all(np.array_equal(snapshot[k], feeds[k]) for k in feeds)
-        error = float(np.max(np.abs(result.astype(np.float64) - self.expected))) if result.size else 0.0
-        return error, unchanged and result.shape == self.expected.shape and error <= TOLERANCE[self.dtype]
+        expected = self.expected if isinstance(self.expected, dict) else {"y": self.expected}
+        error, shapes_ok = 0.0, set(results) == set(expected)
+        for name, want in expected.items():
+            got = results.get(name)
+            if got is None or got.shape != np.shape(want):
+                shapes_ok = False
+                continue
+            if got.size:
+                error = max(error, float(np.max(np.abs(got.astype(np.float64) - want))))
+        return error, unchanged and shapes_ok and error <= TOLERANCE[self.dtype]
 
 
 def _rotary_graph(op: str, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, dtype: str, cos_dtype: str,
@@ -110,19 +123,87 @@ def rotary_cases() -> list[DemoCase]:
     for dtype in ("float32", "bfloat16"):
         build = _roundtrip_graph(dtype)
         cases.append(DemoCase("forward -> grad in one graph", f"{ROPE} + Grad", dtype, build,
-                              build()[1]["x"].astype(np.float64)))
+                              {"x_back": build()[1]["x"].astype(np.float64)}))
     return cases
+
+
+def _moe_graph(with_probs: bool, dtype: str, probs_dtype: str, tokens: np.ndarray, indices: list[int],
+               probs: np.ndarray | None) -> Builder:
+    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+        b = geir.GraphBuilder("moe_unpermute")
+        feeds = {"tokens": tokens.astype(geir.as_dtype(dtype).numpy), "indices": np.array(indices, np.int32)}
+        if with_probs:
+            feeds["probs"] = probs.astype(geir.as_dtype(probs_dtype).numpy)
+        values = [b.input(k, v.dtype, v.shape) for k, v in feeds.items()]
+        b.output(b.MoeTokenUnpermute(*values), "y")
+        return b.build(), feeds
+    return build
+
+
+def _moe_grad_graph(dtype: str, probs_dtype: str, tokens: np.ndarray | None, grad: np.ndarray, indices: list[int],
+                    probs: np.ndarray | None) -> Builder:
+    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+        b = geir.GraphBuilder("moe_unpermute_grad")
+        np_dt = geir.as_dtype(dtype).numpy
+        feeds = {"grad": grad.astype(np_dt), "indices": np.array(indices, np.int32)}
+        t = b.input("tokens", np_dt, tokens.shape) if tokens is not None else None
+        g = b.input("grad", np_dt, grad.shape)
+        s = b.input("indices", "int32", (len(indices),))
+        p = b.input("probs", probs_dtype, probs.shape) if probs is not None else None
+        if tokens is not None:
+            feeds["tokens"] = tokens.astype(np_dt)
+        if probs is not None:
+            feeds["probs"] = probs.astype(geir.as_dtype(probs_dtype).numpy)
+        ptg, pg = b.MoeTokenUnpermuteGrad(t, g, s, p)
+        b.output(ptg, "permuted_tokens_grad")
+        b.output(pg, "probs_grad")
+        return b.build(), feeds
+    return build
+
+
+def moe_cases() -> list[DemoCase]:
+    grad_op, fwd_op = "MoeTokenUnpermuteGrad", "MoeTokenUnpermute"
+    ones = np.ones
+    cases = [DemoCase("CANN doc example (E1)", grad_op, "float32",
+                      _moe_grad_graph("float32", "float32", ones((3, 2)), ones((1, 2)), [0, 1, 2], ones((1, 3))),
+                      {"permuted_tokens_grad": ones((3, 2)), "probs_grad": np.array([[2.0, 2.0, 2.0]])})]
+    rows = np.arange(1.0, 13.0).reshape(4, 3)
+    probs = np.array([[0.5, 0.25], [1.0, 2.0]])
+    grad = np.array([[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]])
+    for dtype in ("float32", "float16", "bfloat16"):
+        probs_dtype = "float32" if dtype == "bfloat16" else dtype
+        cases.append(DemoCase("E2 with probs", fwd_op, dtype, _moe_graph(True, dtype, probs_dtype, rows, [2, 0, 3, 1], probs),
+                              np.array([[3.75, 4.5, 5.25], [18.0, 21.0, 24.0]])))
+        cases.append(DemoCase("E2 with probs", grad_op, dtype,
+                              _moe_grad_graph(dtype, probs_dtype, rows, grad, [2, 0, 3, 1], probs),
+                              {"permuted_tokens_grad": np.array([[0.25, 0, -0.25], [4, 2, 0], [0.5, 0, -0.5], [2, 1, 0]]),
+                               "probs_grad": np.array([[-2.0, -2.0], [31.0, 13.0]])}))
+        constant = np.repeat(np.array([1.0, 0, 0, 3, 2, 1, 2, 3])[:, None], 3, axis=1)
+        cases.append(DemoCase("MindSpore example, no probs (E3)", fwd_op, dtype,
+                              _moe_graph(False, dtype, dtype, constant, [0, 6, 7, 5, 3, 1, 2, 4], None),
+                              np.repeat(np.array([1.0, 2, 3, 1, 3, 0, 0, 2])[:, None], 3, axis=1)))
+        cases.append(DemoCase("no probs: ptg[s] = dY", grad_op, dtype,
+                              _moe_grad_graph(dtype, dtype, None, grad, [1, 0], None),
+                              {"permuted_tokens_grad": grad[::-1], "probs_grad": np.zeros((2, 1))}))
+    cases.append(DemoCase("dropped slot (E5)", fwd_op, "float32",
+                          _moe_graph(True, "float32", "float32", rows[:3], [3, 0, 1, 2], ones((2, 2))),
+                          np.array([rows[0], rows[1] + rows[2]])))
+    return cases
+
+
+def all_cases() -> list[DemoCase]:
+    return rotary_cases() + moe_cases()
 
 
 def run_demo(runtime: str = "numpy") -> int:
     """Print the demo table; return the number of failed cases."""
     rows, failed = [], 0
-    for case in rotary_cases():
+    for case in all_cases():
         error, ok = case.run(runtime)
         failed += not ok
         rows.append((case.name, case.op, case.dtype, f"{error:.3g}", f"{TOLERANCE[case.dtype]:g}",
                      "pass" if ok else "FAIL"))
-    print(f"geir demo: rotary graph-mode examples on the {runtime} runtime\n")
+    print(f"geir demo: the operator contract's graph-mode examples on the {runtime} runtime\n")
     print(format_table(("case", "op", "dtype", "max error", "tolerance", "result"), rows))
     print(f"\n{len(rows) - failed}/{len(rows)} cases passed")
     return failed

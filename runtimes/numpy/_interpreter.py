@@ -10,6 +10,7 @@ from geir._core import Graph, Node
 from geir._errors import ExecutionError, GraphError
 from geir._types import TensorType
 from geir.passes import infer_node, live_nodes
+from geir.schemas import DataContext
 
 from .._feeds import validate_feeds
 from ._kernels import KERNELS
@@ -61,6 +62,9 @@ class NumpyExecutable:
         for step, node in enumerate(self.order):
             args = [env[v.name] if v is not None else None for v in node.inputs]
             expected = self._expected_types(node, args)
+            if node.schema.validate is not None:
+                node.schema.validate(DataContext(node.schema, node.name, args, node.attributes,
+                                                 location=node.location))
             kwargs = dict(node.attributes)
             if node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
                 kwargs["out"] = args[0]

@@ -30,18 +30,20 @@ F32_COMPUTE_EPS = 2.0 ** -22
 """Bound on the float32 compute error relative to the magnitude of the terms (two products, one sum)."""
 
 
-def assert_matches_reference(actual: np.ndarray, ref64: np.ndarray, magnitude: np.ndarray, what: str = "") -> None:
-    """The contract's tolerance: float32 within 1e-6 relative to the terms' magnitude;
-    float16/bfloat16 within 1 ulp of the float64-then-round value, or within the float32 compute
-    error where cancellation makes the result tiny next to its terms."""
+def assert_matches_reference(actual: np.ndarray, ref64: np.ndarray, magnitude: np.ndarray, what: str = "", *,
+                             ulps: int = 1, compute_rel: float = F32_COMPUTE_EPS, f32_rel: float = 1e-6) -> None:
+    """The contract's tolerance: float32 within ``f32_rel`` relative to the terms' magnitude;
+    float16/bfloat16 within ``ulps`` of the float64-then-round value, or within the float32
+    compute error (``compute_rel`` x magnitude) where cancellation makes the result tiny next
+    to its terms."""
     dt = actual.dtype
     a64 = actual.astype(np.float64)
     err = np.abs(a64 - ref64)
     if dt == np.float32:
-        bad = err > 1e-6 * magnitude + 1e-30
+        bad = err > f32_rel * magnitude + 1e-30
     else:
         rounded = ref64.astype(np.float32).astype(dt) if dt == ml_dtypes.bfloat16 else ref64.astype(dt)
-        bad = (ulp_distance(actual, rounded) > 1) & (err > F32_COMPUTE_EPS * magnitude)
+        bad = (ulp_distance(actual, rounded) > ulps) & (err > compute_rel * magnitude)
     if bad.any():
         idx = tuple(np.argwhere(bad)[0])
         raise AssertionError(f"{what}: {int(bad.sum())} element(s) off; first at {idx}: got {actual[idx]!r}, "

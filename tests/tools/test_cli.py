@@ -15,15 +15,15 @@ def test_demo_passes_and_prints_the_table(capsys):
     assert "case" in out and "max error" in out and "GE IR example (E3)" in out and "CANN example (2,2,2,8) mode 1" in out
     for dtype in ("float32", "float16", "bfloat16"):
         assert dtype in out
-    assert "FAIL" not in out
+    assert "FAIL" not in out and "MoeTokenUnpermuteGrad" in out and "CANN doc example (E1)" in out
     passed, total = out.strip().splitlines()[-1].split()[0].split("/")
     assert passed == total and int(total) >= 30
 
 
 def test_demo_fails_loudly_when_a_case_is_wrong(monkeypatch, capsys):
-    cases = demo.rotary_cases()
+    cases = demo.all_cases()
     cases[1].expected = cases[1].expected + 1.0
-    monkeypatch.setattr(demo, "rotary_cases", lambda: cases)
+    monkeypatch.setattr(demo, "all_cases", lambda: cases)
     assert main(["demo"]) == 1
     out = capsys.readouterr().out
     assert out.count("FAIL") == 1 and f"{len(cases) - 1}/{len(cases)} cases passed" in out
@@ -35,6 +35,12 @@ def test_bench_quick_prints_ratios(capsys):
     for impl in ("np.copyto(dy)", "geir numpy runtime", "naive NumPy formula"):
         assert out.count(impl) == 2
     assert "effective GB/s" in out and "vs copy" in out
+
+
+def test_bench_moe_quick(capsys):
+    assert main(["bench", "moe", "--quick", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("geir numpy runtime") == 2 and "into a fresh buffer" in out and "bfloat16" in out
 
 
 def test_unknown_benchmark_is_a_usage_error(capsys):
