@@ -8,12 +8,13 @@ semantic rules, inference), so a bad graph fails at the line that built it.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._core import CANN_DOMAIN, Graph, Node, Value
 from ._dtypes import DTypeLike
-from ._errors import GraphError, user_location
+from ._errors import GeirWarning, GraphError, user_location
 from ._types import TensorType
 
 if TYPE_CHECKING:
@@ -131,6 +132,11 @@ class GraphBuilder:
         schema.check_signature(types, name, location)
         ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location)
         out_types = schema.infer_types(ctx)
+        for message in ctx.warnings:
+            if location is None:
+                warnings.warn(message, GeirWarning, stacklevel=3)
+            else:
+                warnings.warn_explicit(message, GeirWarning, location.filename, location.lineno)
         self._claim(name, "node", self._node_names)
         out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
                      for s, t in zip(schema.outputs, out_types)]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from geir._core import Graph
-from geir._errors import SourceLocation
+from geir._errors import GeirWarning, SourceLocation
 from geir.schemas import InferContext
 from geir.schemas.targets import rules_for, validate_target
 
@@ -35,6 +36,8 @@ class CheckReport:
     graph: str
     target: str
     violations: list[Violation] = field(default_factory=list)
+    warnings: list[Violation] = field(default_factory=list)
+    """``..-W#`` findings: reported (and emitted as GeirWarning), never a failure."""
 
     @property
     def ok(self) -> bool:
@@ -54,9 +57,11 @@ class CheckReport:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"graph '{self.graph}' on {self.target}: ok (no restriction violated)"
+            text = f"graph '{self.graph}' on {self.target}: ok (no restriction violated)"
+            return "\n".join([text] + [f"  warning: {w}" for w in self.warnings])
         lines = [f"graph '{self.graph}' on {self.target}: {len(self.violations)} violation(s)"]
         lines += [f"  - {v}" for v in self.violations]
+        lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
@@ -81,8 +86,12 @@ class CheckTarget(Pass):
             for rule in rules_for(node.op_type, self.target):
                 finding = rule.check(ctx)
                 if finding is not None:
-                    error = ctx.error(rule.rule, finding.subject, finding.expected, finding.got, finding.hint)
-                    report.violations.append(Violation(node.name, node.op_type, rule.rule, error.message,
-                                                       node.location))
+                    message = ctx.message(rule.rule, finding.subject, finding.expected, finding.got, finding.hint)
+                    found = Violation(node.name, node.op_type, rule.rule, message, node.location)
+                    if rule.warning:
+                        report.warnings.append(found)
+                        warnings.warn(message, GeirWarning, stacklevel=4)
+                    else:
+                        report.violations.append(found)
         self.report = report
         return PassResult(graph, False)

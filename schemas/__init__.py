@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._registry import all_schemas, get_schema, register
 from ._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
-from . import moe, rotary  # noqa: E402,F401  (each module registers its ops)
+from . import moe, rotary, sparse_attention  # noqa: E402,F401  (each module registers its ops)
 
 __all__ = [
     "REQUIRED",

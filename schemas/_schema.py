@@ -153,6 +153,7 @@ class InferContext(_NodeContext):
         self.target = target
         self.outputs: list[TensorType | None] = [None] * len(schema.outputs)
         self.deferred: list[str] = []
+        self.warnings: list[str] = []
 
     def input(self, key: int | str) -> TensorType | None:
         return self.inputs[self.schema.input_index(key)]
@@ -167,6 +168,10 @@ class InferContext(_NodeContext):
 
     def fail(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> None:
         raise self.error(rule, subject, expected, got, hint)
+
+    def warn(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> None:
+        """Record a contract warning (``..-W#``); the builder emits it as a GeirWarning."""
+        self.warnings.append(self.message(rule, subject, expected, got, hint))
 
     def require(
         self, ok: bool | None, rule: str, subject: str, expected: object, got: object, hint: str | None = None

@@ -1,0 +1,227 @@
+"""NumPy kernels for SparseFlashAttention and SparseFlashAttentionGrad (spec 4.5-4.7).
+
+Query rows are flattened (BSND ``b*S1 + s1``, TND ``t``) and processed in blocks. For a block,
+each (row, KV head) gathers a padded set of ``K * sparse_block_size`` candidate keys with a
+validity mask (``schemas.sparse_selection``), so every product is a batched matmul over
+(rows, KV heads) with the G query heads of a group as matrix rows; masked scores are -inf
+and masked probabilities 0. The grad scatter-adds key/value contributions by sorting their
+target rows and summing runs (``np.add.reduceat``), not ``np.add.at``.
+
+Numerics as the spec states: float32 compute; forward P rounded to the input dtype before
+P@V; grad P and dS rounded before their matmuls, scale applied in float32, dK/dV summed in
+float32 and rounded once. float64 inputs compute in float64 with no rounding (test hook).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from geir.schemas.sparse_selection import QueryRows, candidates, query_rows
+
+from ._parallel import parallel_for
+
+__all__ = ["sparse_flash_attention", "sparse_flash_attention_grad"]
+
+BLOCK_ELEMENTS = 1 << 19
+"""Gathered key elements per block of query rows (2 MiB of float32)."""
+
+
+@dataclass
+class _Problem:
+    """The flattened tensors and row metadata shared by the forward and the grad."""
+
+    layout: str
+    query: np.ndarray        # (Q, N1, D + Dr) rows, input dtype
+    key: np.ndarray          # (T2, N2, D + Dr) rows
+    value: np.ndarray | None  # (T2, N2, D2) rows, or None (KV merge)
+    indices: np.ndarray      # (Q, N2, K)
+    rows: QueryRows
+    d: int
+    dtype: np.dtype
+    cdt: np.dtype
+    scale: np.floating
+    block_size: int
+
+    @property
+    def heads(self) -> tuple[int, int, int]:
+        n1, n2 = self.query.shape[1], self.key.shape[1]
+        return n1, n2, n1 // n2
+
+    def rnd(self, x: np.ndarray) -> np.ndarray:
+        """Round to the input dtype and widen back (identity in the float64 hook)."""
+        return x if self.dtype == self.cdt else x.astype(self.dtype).astype(self.cdt)
+
+    def blocks(self, selected: np.ndarray) -> list[np.ndarray]:
+        n2, k = self.indices.shape[1:]
+        per_row = max(1, n2 * k * self.block_size * self.key.shape[2])
+        step = max(1, BLOCK_ELEMENTS // per_row)
+        return [selected[i : i + step] for i in range(0, selected.size, step)]
+
+    def gather(self, qi: np.ndarray):
+        """Everything one block of query rows needs, in compute dtype."""
+        n1, n2, g = self.heads
+        pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size)
+        kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, self.key.shape[0] - 1)
+        heads = np.arange(n2)[None, :, None]
+        keys = self.key[kv, heads].astype(self.cdt)                       # (nq, N2, Lp, D + Dr)
+        values = (self.value[kv, heads].astype(self.cdt) if self.value is not None
+                  else None)                                             # (nq, N2, Lp, D2)
+        queries = self.query[qi].astype(self.cdt).reshape(qi.size, n2, g, -1)
+        return kv, valid, queries, keys, values
+
+
+def _flatten(layout: str, x: np.ndarray | None) -> np.ndarray | None:
+    return None if x is None or layout == "TND" else x.reshape((-1,) + x.shape[2:])
+
+
+def _with_rope(layout: str, x: np.ndarray, rope: np.ndarray | None) -> np.ndarray:
+    x = _flatten(layout, x) if layout == "BSND" else x
+    if rope is None:
+        return x
+    return np.concatenate([x, _flatten(layout, rope) if layout == "BSND" else rope], axis=-1)
+
+
+def _problem(layout: str, query, key, value, indices, lengths_q, lengths_kv, query_rope, key_rope,
+             scale_value: float, block_size: int, sparse_mode: int) -> _Problem:
+    dtype = query.dtype
+    cdt = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    seq_q, seq_kv = (query.shape[1], key.shape[1]) if layout == "BSND" else (0, 0)
+    q = _with_rope(layout, query, query_rope)
+    rows = query_rows(layout, q.shape[0], seq_q, seq_kv, lengths_q, lengths_kv, sparse_mode)
+    flat_indices = indices.reshape((q.shape[0],) + indices.shape[-2:])
+    return _Problem(layout, q, _with_rope(layout, key, key_rope),
+                    None if value is None else (_flatten(layout, value) if layout == "BSND" else value),
+                    flat_indices, rows, query.shape[-1], dtype, cdt, cdt.type(np.float32(scale_value)), block_size)
+
+
+def _to_stats_layout(layout: str, rows_stats: np.ndarray, query_shape: tuple[int, ...]) -> np.ndarray:
+    """(Q, N2, G) row-major stats -> (B, N2, S1, G) or (N2, T1, G)."""
+    if layout == "BSND":
+        b, s1 = query_shape[:2]
+        return np.ascontiguousarray(rows_stats.reshape(b, s1, *rows_stats.shape[1:]).transpose(0, 2, 1, 3))
+    return np.ascontiguousarray(rows_stats.transpose(1, 0, 2))
+
+
+def _from_stats_layout(layout: str, stats: np.ndarray) -> np.ndarray:
+    if layout == "BSND":
+        return stats.transpose(0, 2, 1, 3).reshape(-1, *stats.shape[1:2], stats.shape[3])
+    return stats.transpose(1, 0, 2)
+
+
+def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, actual_seq_lengths_query=None,
+                           actual_seq_lengths_kv=None, query_rope=None, key_rope=None, sinks=None, *,
+                           scale_value: float, sparse_block_size: int = 1, layout_query: str = "BSND",
+                           layout_kv: str = "BSND", sparse_mode: int = 3, pre_tokens: int = 0, next_tokens: int = 0,
+                           attention_mode: int = 0, return_softmax_lse: bool = False):
+    """Return ``(attention_out, softmax_max, softmax_sum)``; the stats are (0,) without return_softmax_lse."""
+    layout = layout_query
+    p = _problem(layout, query, key, value, sparse_indices, actual_seq_lengths_query, actual_seq_lengths_kv,
+                 query_rope, key_rope, scale_value, sparse_block_size, sparse_mode)
+    n1, n2, g = p.heads
+    rows_total, d2 = p.query.shape[0], value.shape[-1]
+    out = np.zeros((rows_total, n2, g, d2), p.cdt)
+    row_max = np.zeros((rows_total, n2, g), p.cdt)
+    row_sum = np.zeros((rows_total, n2, g), p.cdt)
+    sink = None if sinks is None else sinks.astype(p.cdt).reshape(n2, g)
+    computed = p.rows.active & ((p.rows.threshold > 0) | (sparse_mode == 0))
+
+    def run(chunk: list[np.ndarray]) -> None:
+        for qi in chunk:
+            _, valid, queries, keys, values = p.gather(qi)
+            scores = np.matmul(queries, keys.swapaxes(-1, -2))
+            scores *= p.scale
+            scores = np.where(valid[:, :, None, :], scores, -np.inf)
+            m = scores.max(axis=-1)
+            if sink is not None:
+                m = np.maximum(m, sink)
+            m = np.where(np.isfinite(m), m, 0)            # rows with no key and no sink
+            e = np.exp(scores - m[..., None])
+            total = e.sum(axis=-1)
+            if sink is not None:
+                total += np.exp(sink - m)
+            probs = e / np.where(total > 0, total, 1)[..., None]
+            out[qi] = np.matmul(p.rnd(probs), values)
+            row_max[qi], row_sum[qi] = m, total
+
+    parallel_for(run, p.blocks(np.flatnonzero(computed)))
+    attention_out = out.reshape(query.shape[:-1] + (d2,)).astype(query.dtype)
+    if not return_softmax_lse:
+        empty = np.zeros((0,), np.float32 if p.cdt == np.float32 else p.cdt)
+        return attention_out, empty, empty.copy()
+    return (attention_out, _to_stats_layout(layout, row_max, query.shape),
+            _to_stats_layout(layout, row_sum, query.shape))
+
+
+def _scatter_add(target: np.ndarray, rows: np.ndarray, contributions: np.ndarray) -> None:
+    """``target[rows[i]] += contributions[i]`` with repeated rows summed: sort, then add runs."""
+    if rows.size == 0:
+        return
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    target[ordered[starts]] += np.add.reduceat(contributions[order], starts, axis=0)
+
+
+def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_max, softmax_sum, value=None,
+                                actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
+                                key_rope=None, *, scale_value: float, sparse_block_size: int = 1, layout: str = "BSND",
+                                sparse_mode: int = 3, pre_tokens: int = 0, next_tokens: int = 0,
+                                deterministic: bool = False):
+    """Return ``(d_query, d_key, d_value, d_query_rope, d_key_rope)``; absent outputs are None."""
+    lengths = (actual_seq_lengths_query, actual_seq_lengths_kv) if layout == "TND" else (None, None)
+    p = _problem(layout, query, key, value, sparse_indices, *lengths, query_rope, key_rope, scale_value,
+                 sparse_block_size, sparse_mode)
+    n1, n2, g = p.heads
+    rows_total, dq, d2 = p.query.shape[0], p.query.shape[-1], d_out.shape[-1]
+    grad_rows = _flatten(layout, d_out) if layout == "BSND" else d_out
+    out_rows = _flatten(layout, out) if layout == "BSND" else out
+    stats_max = _from_stats_layout(layout, softmax_max).astype(p.cdt)
+    stats_sum = _from_stats_layout(layout, softmax_sum).astype(p.cdt)
+    d_q = np.zeros((rows_total, n2, g, dq), p.cdt)
+    blocks = p.blocks(np.flatnonzero(p.rows.reads))
+    accumulators: list[np.ndarray] = []
+
+    def run(chunk: list[np.ndarray]) -> None:
+        acc = np.zeros((p.key.shape[0] * n2, dq + d2), p.cdt)   # per thread: [dK | dV] rows of (key row, head)
+        accumulators.append(acc)
+        for qi in chunk:
+            kv, valid, queries, keys, values = p.gather(qi)
+            if values is None:                                  # KV merge: V = key[..., :D2]
+                values = keys[..., :d2]
+            nq = qi.size
+            d_o = grad_rows[qi].astype(p.cdt).reshape(nq, n2, g, d2)
+            o = out_rows[qi].astype(p.cdt).reshape(nq, n2, g, d2)
+            scores = np.matmul(queries, keys.swapaxes(-1, -2))
+            scaled = np.where(valid[:, :, None, :], p.scale * scores, -np.inf)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                probs = np.exp(scaled - stats_max[qi][..., None]) / stats_sum[qi][..., None]
+            probs = np.where(valid[:, :, None, :], probs, 0)
+            d_v = np.matmul(p.rnd(probs).swapaxes(-1, -2), d_o)                    # (nq, N2, Lp, D2)
+            d_p = np.matmul(d_o, values.swapaxes(-1, -2))
+            d_s = probs * (d_p - (d_o * o).sum(axis=-1)[..., None])
+            d_s = p.rnd(np.where(valid[:, :, None, :], d_s, 0))
+            d_q[qi] = p.scale * np.matmul(d_s, keys)
+            d_k = p.scale * np.matmul(d_s.swapaxes(-1, -2), queries)               # (nq, N2, Lp, Dq)
+            targets = kv * n2 + np.arange(n2)[None, :, None]
+            _scatter_add(acc, targets[valid], np.concatenate([d_k, d_v], axis=-1)[valid])
+
+    parallel_for(run, blocks)
+    acc = sum(accumulators[1:], accumulators[0]) if accumulators else np.zeros((p.key.shape[0] * n2, dq + d2), p.cdt)
+    acc = acc.reshape(p.key.shape[0], n2, dq + d2)
+    d_key_all, d_value = acc[..., :dq], acc[..., dq:]
+    if value is None:
+        d_key_all = d_key_all.copy()
+        d_key_all[..., :d2] += d_value
+    d = p.d
+    dt = query.dtype
+    d_q = d_q.reshape(rows_total, n1, dq)
+
+    def shaped(x: np.ndarray, like: np.ndarray) -> np.ndarray:
+        return x.reshape(like.shape).astype(dt)
+
+    return (shaped(d_q[..., :d], query), shaped(d_key_all[..., :d], key),
+            None if value is None else shaped(d_value, value),
+            None if query_rope is None else shaped(d_q[..., d:], query_rope),
+            None if key_rope is None else shaped(d_key_all[..., d:], key_rope))
