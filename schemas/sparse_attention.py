@@ -65,15 +65,23 @@ def _role_sources(ctx: InferContext, layout: str) -> dict[str, tuple[Dim, str, i
     bound: dict[str, tuple[Dim, str, int]] = {}
     for role, name in sources.items():
         t = _present(ctx, name)
-        if t is not None:
+        if t is not None and role in _ROLES[name][layout]:
             k = _ROLES[name][layout].index(role)
             bound[role] = (t.shape[k], name, k)
     return bound
 
 
 def role_sizes(ctx: InferContext) -> dict[str, Dim]:
-    """Sizes of the roles (B, S1, N1, D, S2, N2, D2, Dr, K, T1, T2) of a node that passed its checks."""
-    return {role: size for role, (size, _, _) in _role_sources(ctx, attention_layout(ctx)).items()}
+    """Sizes of the roles (B, S1, N1, D, S2, N2, D2, Dr, K, T1, T2) of a node that passed its checks.
+
+    TND's B is the length of the cumulative length tensors.
+    """
+    layout = attention_layout(ctx)
+    sizes = {role: size for role, (size, _, _) in _role_sources(ctx, layout).items()}
+    lengths = ctx.input("actual_seq_lengths_query")
+    if layout == "TND" and lengths is not None:
+        sizes["B"] = lengths.shape[0]
+    return sizes
 
 
 def _bind_roles(ctx: InferContext, layout: str) -> dict[str, Dim]:
@@ -139,7 +147,9 @@ def _check(ctx: InferContext) -> None:
     ctx.require(mode in (0, 3), "SA-S8", ctx.attr_subject("sparse_mode"), "0 (no mask) or 3 (bottom-right causal)",
                 mode)
     ctx.require(block >= 1, "SA-S8", ctx.attr_subject("sparse_block_size"), ">= 1", block)
-    ctx.require(math.isfinite(np.float32(scale)), "SA-S8", ctx.attr_subject("scale_value"),
+    with np.errstate(over="ignore"):
+        finite = math.isfinite(np.float32(scale))
+    ctx.require(finite, "SA-S8", ctx.attr_subject("scale_value"),
                 "a finite float32", scale)
     rank = 4 if layout == "BSND" else 3
     for name in _TENSORS:

@@ -52,3 +52,27 @@ def moe_grad_graph(tokens_shape, grad_shape, slots, probs_shape=None, dtype="flo
     b.output(ptg, "ptg")
     b.output(pg, "pg")
     return b.build()
+
+
+SFA, SFA_GRAD = "SparseFlashAttention", "SparseFlashAttentionGrad"
+FWD_INPUTS = ("query", "key", "value", "sparse_indices", "block_table", "actual_seq_lengths_query",
+              "actual_seq_lengths_kv", "query_rope", "key_rope", "sinks")
+GRAD_INPUTS = ("query", "key", "sparse_indices", "d_out", "out", "softmax_max", "softmax_sum", "value",
+               "actual_seq_lengths_query", "actual_seq_lengths_kv", "query_rope", "key_rope")
+
+
+def sfa_graph(feeds: dict, op: str = SFA, name: str = "node", **attrs):
+    """One sparse attention node over the non-None arrays of ``feeds`` (keyed by GE IR input name).
+
+    Returns ``(graph, feeds)`` with the graph inputs named like the op inputs and outputs named
+    like the op outputs (absent optional outputs are not graph outputs).
+    """
+    from geir.schemas import get_schema
+    schema = get_schema(op)
+    b = geir.GraphBuilder(op.lower())
+    values = {k: b.input(k, np.asarray(v).dtype, np.shape(v)) for k, v in feeds.items() if v is not None}
+    results = getattr(b, op)(**values, name=name, **attrs)
+    for spec, value in zip(schema.outputs, results):
+        if value is not None:
+            b.output(value, spec.name)
+    return b.build(), {k: v for k, v in feeds.items() if v is not None}

@@ -33,6 +33,7 @@ class SfaCase:
     seed: int = 0
     tnd_q: list[int] = field(default_factory=lambda: [3, 5])    # TND cumulative lengths
     tnd_kv: list[int] = field(default_factory=lambda: [4, 9])
+    scale_value: float | None = None   # default: float32(1 / sqrt(D + Dr))
 
     def arrays(self) -> dict[str, np.ndarray | None]:
         rng = np.random.default_rng(self.seed)
@@ -71,6 +72,8 @@ class SfaCase:
 
     @property
     def scale(self) -> float:
+        if self.scale_value is not None:
+            return self.scale_value
         return float(np.float32(1 / np.sqrt(self.D + self.Dr)))
 
     def forward_attrs(self) -> dict:
