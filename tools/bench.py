@@ -69,8 +69,8 @@ def _memory_bound_rows(label: str, moved: int, timings: list[tuple[str, Callable
 
 def _compile_one_node(name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
     b = geir.GraphBuilder(name)
-    inputs = [b.input(k, v.dtype, v.shape) for k, v in feeds.items()]
-    results = getattr(b, op)(*inputs, **attrs)
+    inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}   # feeds are keyed by input name
+    results = getattr(b, op)(**inputs, **attrs)
     for value, out_name in zip(results if isinstance(results, tuple) else (results,), outputs):
         b.output(value, out_name)
     return get_runtime("numpy").compile(b.build())
@@ -146,4 +146,52 @@ def bench_moe(quick: bool = False, repeat: int = 5) -> str:
     return title + "\n" + format_table(HEADERS, rows)
 
 
-BENCHES: dict[str, Callable[..., str]] = {"rotary": bench_rotary, "moe": bench_moe}
+def sfa_bench_feeds(batch: int, seq_q: int, seq_kv: int, heads: int, topk: int, d: int, dr: int,
+                    dtype: str = "float16") -> dict[str, np.ndarray]:
+    """BSND inputs with ``topk`` distinct random keys per query row (sparse_mode 0: all of them count)."""
+    rng = np.random.default_rng(0)
+    np_dt = geir.as_dtype(dtype).numpy
+    normal = lambda *shape: rng.standard_normal(shape, np.float32).astype(np_dt)  # noqa: E731
+    indices = np.argsort(rng.random((batch * seq_q, seq_kv)), axis=1)[:, :topk].astype(np.int32)
+    return {"query": normal(batch, seq_q, heads, d), "key": normal(batch, seq_kv, 1, d),
+            "value": normal(batch, seq_kv, 1, d), "sparse_indices": indices.reshape(batch, seq_q, 1, topk),
+            "query_rope": normal(batch, seq_q, heads, dr), "key_rope": normal(batch, seq_kv, 1, dr)}
+
+
+def bench_sfa(quick: bool = False, repeat: int = 3) -> str:
+    """SparseFlashAttentionGrad at the issue's shape; GFLOP/s against a float32 matmul of comparable size.
+
+    FLOPs count only selected keys: 2 * Ksel * (3 * Dqk + 2 * Dv) per query token and head.
+    """
+    batch, seq_q, seq_kv, heads, topk, d, dr = (1, 64, 512, 16, 64, 128, 64) if quick else (1, 512, 2048, 16, 256, 128, 64)
+    feeds = sfa_bench_feeds(batch, seq_q, seq_kv, heads, topk, d, dr)
+    scale = float(np.float32(1 / np.sqrt(d + dr)))
+    forward = _compile_one_node("sfa_fwd", "SparseFlashAttention", feeds, ("out", "softmax_max", "softmax_sum"),
+                                scale_value=scale, sparse_mode=0, return_softmax_lse=True)
+    out = forward.run(feeds)
+    grad_feeds = {"query": feeds["query"], "key": feeds["key"], "sparse_indices": feeds["sparse_indices"],
+                  "d_out": np.ones_like(out["out"]), "out": out["out"], "softmax_max": out["softmax_max"],
+                  "softmax_sum": out["softmax_sum"], "value": feeds["value"], "query_rope": feeds["query_rope"],
+                  "key_rope": feeds["key_rope"]}
+    grad = _compile_one_node("sfa_grad", "SparseFlashAttentionGrad", grad_feeds,
+                             ("d_query", "d_key", "d_value", "d_query_rope", "d_key_rope"), scale_value=scale,
+                             sparse_mode=0)
+    dqk, dv, rows = d + dr, d, batch * seq_q * heads
+    grad_flops = 2 * topk * (3 * dqk + 2 * dv) * rows
+    forward_flops = 2 * topk * (dqk + dv) * rows
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((rows, dqk), np.float32)
+    b = rng.standard_normal((dqk, topk), np.float32)
+    t_matmul = best_time(lambda: a @ b, repeat)
+    matmul_rate = 2 * rows * dqk * topk / t_matmul
+    timings = [("float32 matmul (S1*N1 x Dqk) @ (Dqk x K)", t_matmul, 2 * rows * dqk * topk),
+               ("geir numpy runtime, grad", best_time(lambda: grad.run(grad_feeds), repeat), grad_flops),
+               ("geir numpy runtime, forward", best_time(lambda: forward.run(feeds), repeat), forward_flops)]
+    label = f"B={batch} S1={seq_q} S2={seq_kv} N1={heads} K={topk} D={d} Dr={dr} float16"
+    rows_out = [(label, name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}", f"{flops / t / matmul_rate:.0%}")
+                for name, t, flops in timings]
+    title = "SparseFlashAttention(Grad), BSND, block 1, sparse_mode 0 (target: grad >= 30% of the matmul rate)"
+    return title + "\n" + format_table(("case", "implementation", "ms", "GFLOP/s", "vs matmul"), rows_out)
+
+
+BENCHES: dict[str, Callable[..., str]] = {"rotary": bench_rotary, "moe": bench_moe, "sfa": bench_sfa}

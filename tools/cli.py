@@ -14,7 +14,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run the spec's graph-mode examples and compare with expected values")
     demo.add_argument("--runtime", default="numpy", help="runtime to run on (default: numpy)")
     bench = commands.add_parser("bench", help="benchmark ops against copy bandwidth and plain NumPy")
-    bench.add_argument("suite", nargs="*", help="benchmarks to run (default: all): rotary, moe")
+    bench.add_argument("suite", nargs="*", help="benchmarks to run (default: all): rotary, moe, sfa")
     bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     bench.add_argument("--repeat", type=int, default=5, help="timed repetitions; the best is reported")
     args = parser.parse_args(argv)

@@ -191,8 +191,65 @@ def moe_cases() -> list[DemoCase]:
     return cases
 
 
+def _sfa_train_graph(layout: str, dtype: str) -> Builder:
+    """Forward and grad in one graph (the forward's out and stats feed the grad) on spec 4.9 E1 data.
+
+    TND runs two batches that each hold E1's data, so both must give E1's numbers.
+    """
+    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+        np_dt = geir.as_dtype(dtype).numpy
+        keys = np.array([[1.0] * 4, [2.0] * 4, [2.0, 0, 1, 1], [4.0] * 4])
+        values = np.repeat(np.arange(1.0, 5.0), 4).reshape(4, 4)
+        batches = 1 if layout == "BSND" else 2
+        if layout == "BSND":
+            shape_q, shape_kv, shape_i = (1, 1, 2, 4), (1, 4, 1, 4), (1, 1, 1, 4)
+        else:
+            shape_q, shape_kv, shape_i = (2, 2, 4), (8, 1, 4), (2, 1, 4)
+        feeds = {"query": np.ones(shape_q, np_dt),
+                 "key": np.tile(keys, (batches, 1)).reshape(shape_kv).astype(np_dt),
+                 "value": np.tile(values, (batches, 1)).reshape(shape_kv).astype(np_dt),
+                 "sparse_indices": np.tile([0, 2, -1, -1], batches).reshape(shape_i).astype(np.int32)}
+        lengths = {}
+        if layout == "TND":
+            feeds["actual_seq_lengths_query"] = np.array([1, 2], np.int32)
+            feeds["actual_seq_lengths_kv"] = np.array([4, 8], np.int32)
+        b = geir.GraphBuilder(f"sfa_train_{layout.lower()}")
+        inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}
+        if layout == "TND":
+            lengths = {k: inputs[k] for k in ("actual_seq_lengths_query", "actual_seq_lengths_kv")}
+        feeds["d_out"] = np.ones(shape_q, np_dt)
+        d_out = b.input("d_out", np_dt, shape_q)
+        common = dict(scale_value=0.5, sparse_mode=0)
+        out, mx, sm = b.SparseFlashAttention(**inputs, layout_query=layout, layout_kv=layout, return_softmax_lse=True,
+                                             **common)
+        d_q, d_k, d_v, _, _ = b.SparseFlashAttentionGrad(inputs["query"], inputs["key"], inputs["sparse_indices"], d_out,
+                                                         out, mx, sm, inputs["value"], layout=layout, **lengths, **common)
+        for name, value in (("attention_out", out), ("softmax_max", mx), ("softmax_sum", sm), ("d_query", d_q),
+                            ("d_key", d_k), ("d_value", d_v)):
+            b.output(value, name)
+        return b.build(), feeds
+    return build
+
+
+def sfa_cases() -> list[DemoCase]:
+    cases = []
+    for layout in ("BSND", "TND"):
+        batches = 1 if layout == "BSND" else 2
+        stats = (1, 1, 1, 2) if layout == "BSND" else (1, 2, 2)
+        q_shape = (1, 1, 2, 4) if layout == "BSND" else (2, 2, 4)
+        kv_shape = (1, 4, 1, 4) if layout == "BSND" else (8, 1, 4)
+        expected = {"attention_out": np.full(q_shape, 2.0), "softmax_max": np.full(stats, 2.0),
+                    "softmax_sum": np.full(stats, 2.0), "d_query": np.broadcast_to([1.0, -1, 0, 0], q_shape),
+                    "d_key": np.tile(np.repeat([[-2.0], [0], [2], [0]], 4, axis=1), (batches, 1)).reshape(kv_shape),
+                    "d_value": np.tile(np.repeat([[1.0], [0], [1], [0]], 4, axis=1), (batches, 1)).reshape(kv_shape)}
+        for dtype in ("float16", "bfloat16"):
+            cases.append(DemoCase(f"E1 forward -> grad, {layout}", "SparseFlashAttention + Grad", dtype,
+                                  _sfa_train_graph(layout, dtype), expected))
+    return cases
+
+
 def all_cases() -> list[DemoCase]:
-    return rotary_cases() + moe_cases()
+    return rotary_cases() + moe_cases() + sfa_cases()
 
 
 def run_demo(runtime: str = "numpy") -> int:

@@ -24,8 +24,9 @@ from ._parallel import parallel_for
 
 __all__ = ["sparse_flash_attention", "sparse_flash_attention_grad"]
 
-BLOCK_ELEMENTS = 1 << 19
-"""Gathered key elements per block of query rows (2 MiB of float32)."""
+BLOCK_ELEMENTS = 1 << 22
+"""Gathered key elements per block of query rows (16 MiB of float32): measured best at the
+benchmark's shape; fewer, larger blocks keep the dK/dV GEMMs large and their accumulation rare."""
 
 
 @dataclass
@@ -64,12 +65,23 @@ class _Problem:
         n1, n2, g = self.heads
         pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size)
         kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, self.key.shape[0] - 1)
-        heads = np.arange(n2)[None, :, None]
-        keys = self.key[kv, heads].astype(self.cdt)                       # (nq, N2, Lp, D + Dr)
-        values = (self.value[kv, heads].astype(self.cdt) if self.value is not None
-                  else None)                                             # (nq, N2, Lp, D2)
-        queries = self.query[qi].astype(self.cdt).reshape(qi.size, n2, g, -1)
+        flat = kv * n2 + np.arange(n2)[None, :, None]                    # rows of the (T2 * N2, .) views
+        keys = _take_rows(self.key, flat, self.cdt)                        # (nq, N2, Lp, D + Dr)
+        values = None if self.value is None else _take_rows(self.value, flat, self.cdt)   # (nq, N2, Lp, D2)
+        queries = self.query[qi].astype(self.cdt, copy=False).reshape(qi.size, n2, g, -1)
         return kv, valid, queries, keys, values
+
+    def widen_keys(self, gathered_rows: int) -> None:
+        """Widen key/value to the compute dtype once when the gathers would read each row more than once."""
+        if self.key.dtype != self.cdt and gathered_rows >= self.key.shape[0] * self.key.shape[1]:
+            self.key = self.key.astype(self.cdt)
+            self.value = None if self.value is None else self.value.astype(self.cdt)
+
+
+def _take_rows(table: np.ndarray, flat_rows: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    """``table.reshape(-1, width)[flat_rows]`` in the compute dtype (np.take: one index array, fast)."""
+    rows = np.take(table.reshape(-1, table.shape[-1]), flat_rows, axis=0)
+    return rows.astype(cdt, copy=False)
 
 
 def _flatten(layout: str, x: np.ndarray | None) -> np.ndarray | None:
@@ -126,6 +138,7 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
     row_sum = np.zeros((rows_total, n2, g), p.cdt)
     sink = None if sinks is None else sinks.astype(p.cdt).reshape(n2, g)
     computed = p.rows.active & ((p.rows.threshold > 0) | (sparse_mode == 0))
+    p.widen_keys(int(computed.sum()) * n2 * p.indices.shape[-1] * sparse_block_size)
 
     def run(chunk: list[np.ndarray]) -> None:
         for qi in chunk:
@@ -164,6 +177,47 @@ def _scatter_add(target: np.ndarray, rows: np.ndarray, contributions: np.ndarray
     target[ordered[starts]] += np.add.reduceat(contributions[order], starts, axis=0)
 
 
+DENSE_SPAN_RATIO = 256
+"""Accumulate dK/dV of a block through dense matrices over its key span when
+``span * G <= DENSE_SPAN_RATIO * K * block_size``. The dense GEMM does span/(K*bs) times the
+useful flops; the alternative computes each (row, position) contribution and scatter-adds
+it (~5 ns per element here against ~0.006 ns per GEMM flop), so dense wins up to about this
+ratio (measured: 2x faster at G = 16, span = 8 K)."""
+
+
+class _DenseSpan:
+    """Scatters per-(row, head, position) weights into a dense (N2, span, rows*G) matrix, kept per thread.
+
+    The cells a block writes are the same for its dS and its P (the valid positions), and no
+    two entries share a cell (a row's positions are distinct), so a plain ``put`` suffices;
+    the buffer is cleared cell by cell afterwards instead of reallocated.
+    """
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.buffer = np.zeros(0, dtype)
+
+    def accumulate(self, acc: np.ndarray, kv: np.ndarray, valid: np.ndarray, lo: int, hi: int,
+                   pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """For each (weights (nq, N2, G, Lp), rows (nq, N2, G, W)) pair, in order, add
+        ``sum over (q, g) of weights[q, n2, g, l] * rows[q, n2, g]`` to ``acc[n2, kv, columns]``;
+        the pairs' W widths tile the last axis of ``acc``."""
+        nq, n2, g, _ = pairs[0][0].shape
+        span, width = hi - lo, nq * g
+        size = n2 * span * width
+        if self.buffer.size < size:
+            self.buffer = np.zeros(size, self.buffer.dtype)
+        dense = self.buffer[:size].reshape(n2, span, width)
+        q, head, pos = np.nonzero(valid)
+        cells = ((head * span + (kv[q, head, pos] - lo)) * width + q * g)[:, None] + np.arange(g)
+        start = 0
+        for weights, rows in pairs:
+            np.put(dense, cells, weights[q, head, :, pos])
+            product = np.matmul(dense, rows.transpose(1, 0, 2, 3).reshape(n2, width, -1))
+            acc[:, lo:hi, start:start + product.shape[-1]] += product
+            start += product.shape[-1]
+        np.put(dense, cells, 0)
+
+
 def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_max, softmax_sum, value=None,
                                 actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
                                 key_rope=None, *, scale_value: float, sparse_block_size: int = 1, layout: str = "BSND",
@@ -180,12 +234,16 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
     stats_max = _from_stats_layout(layout, softmax_max).astype(p.cdt)
     stats_sum = _from_stats_layout(layout, softmax_sum).astype(p.cdt)
     d_q = np.zeros((rows_total, n2, g, dq), p.cdt)
-    blocks = p.blocks(np.flatnonzero(p.rows.reads))
+    reads = np.flatnonzero(p.rows.reads)
+    lp = p.indices.shape[-1] * sparse_block_size
+    p.widen_keys(reads.size * n2 * lp)
+    blocks = p.blocks(reads)
     accumulators: list[np.ndarray] = []
 
     def run(chunk: list[np.ndarray]) -> None:
-        acc = np.zeros((p.key.shape[0] * n2, dq + d2), p.cdt)   # per thread: [dK | dV] rows of (key row, head)
+        acc = np.zeros((n2, p.key.shape[0], dq + d2), p.cdt)   # per thread: [dK | dV] of (head, key row)
         accumulators.append(acc)
+        dense = _DenseSpan(p.cdt)
         for qi in chunk:
             kv, valid, queries, keys, values = p.gather(qi)
             if values is None:                                  # KV merge: V = key[..., :D2]
@@ -198,18 +256,25 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 probs = np.exp(scaled - stats_max[qi][..., None]) / stats_sum[qi][..., None]
             probs = np.where(valid[:, :, None, :], probs, 0)
-            d_v = np.matmul(p.rnd(probs).swapaxes(-1, -2), d_o)                    # (nq, N2, Lp, D2)
             d_p = np.matmul(d_o, values.swapaxes(-1, -2))
             d_s = probs * (d_p - (d_o * o).sum(axis=-1)[..., None])
             d_s = p.rnd(np.where(valid[:, :, None, :], d_s, 0))
             d_q[qi] = p.scale * np.matmul(d_s, keys)
-            d_k = p.scale * np.matmul(d_s.swapaxes(-1, -2), queries)               # (nq, N2, Lp, Dq)
-            targets = kv * n2 + np.arange(n2)[None, :, None]
-            _scatter_add(acc, targets[valid], np.concatenate([d_k, d_v], axis=-1)[valid])
+            if not valid.any():
+                continue
+            lo, hi = int(kv[valid].min()), int(kv[valid].max()) + 1
+            if (hi - lo) * g <= DENSE_SPAN_RATIO * lp:
+                dense.accumulate(acc, kv, valid, lo, hi, [(p.scale * d_s, queries), (p.rnd(probs), d_o)])
+            else:
+                d_k = p.scale * np.matmul(d_s.swapaxes(-1, -2), queries)               # (nq, N2, Lp, Dq)
+                d_v = np.matmul(p.rnd(probs).swapaxes(-1, -2), d_o)                      # (nq, N2, Lp, D2)
+                heads = np.broadcast_to(np.arange(n2)[None, :, None], kv.shape)
+                _scatter_add(acc.reshape(-1, dq + d2), (heads * p.key.shape[0] + kv)[valid],
+                             np.concatenate([d_k, d_v], axis=-1)[valid])
 
     parallel_for(run, blocks)
-    acc = sum(accumulators[1:], accumulators[0]) if accumulators else np.zeros((p.key.shape[0] * n2, dq + d2), p.cdt)
-    acc = acc.reshape(p.key.shape[0], n2, dq + d2)
+    acc = sum(accumulators[1:], accumulators[0]) if accumulators else np.zeros((n2, p.key.shape[0], dq + d2), p.cdt)
+    acc = acc.transpose(1, 0, 2)
     d_key_all, d_value = acc[..., :dq], acc[..., dq:]
     if value is None:
         d_key_all = d_key_all.copy()

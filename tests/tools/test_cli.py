@@ -43,6 +43,12 @@ def test_bench_moe_quick(capsys):
     assert out.count("geir numpy runtime") == 2 and "into a fresh buffer" in out and "bfloat16" in out
 
 
+def test_bench_sfa_quick(capsys):
+    assert main(["bench", "sfa", "--quick", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "GFLOP/s" in out and "geir numpy runtime, grad" in out and "vs matmul" in out
+
+
 def test_unknown_benchmark_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "nothing"])

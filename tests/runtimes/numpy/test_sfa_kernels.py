@@ -546,3 +546,24 @@ def test_intermediate_roundings_are_where_the_spec_puts_them(dtype):
         same_as_rounded = np.mean(x == r.astype(np.float32).astype(dt))
         same_as_exact = np.mean(x == e.astype(np.float32).astype(dt))
         assert same_as_rounded >= 0.9 and same_as_rounded > same_as_exact + 0.1, (name, same_as_rounded, same_as_exact)
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_dense_and_scatter_accumulation_agree(monkeypatch, layout):
+    """dK/dV go through a dense GEMM over the key span or a sort-and-add scatter: same sums."""
+    c = SfaCase(layout=layout, mode=3, bs=2, Dr=4, N2=2, N1=4, D2=6, kv_merge=layout == "TND", dtype="float64",
+                S2=30, K=3, seed=12, tnd_q=[5, 11], tnd_kv=[17, 40])
+    a = c.arrays()
+    value = a["value"] if a["value"] is not None else a["key"][..., :c.D2]
+    out, mx, sm = run_forward_kernel(c, a, value)
+    d_out = np.random.default_rng(0).standard_normal(out.shape)
+    monkeypatch.setattr(kernels, "DENSE_SPAN_RATIO", 10**9)
+    dense = run_grad_kernel(c, a, d_out, out, mx, sm)
+    monkeypatch.setattr(kernels, "DENSE_SPAN_RATIO", 0)
+    scattered = run_grad_kernel(c, a, d_out, out, mx, sm)
+    reference = reference_grad(c, a, d_out, out, mx, sm)
+    for x, y, r in zip(dense, scattered, reference):
+        assert (x is None) == (y is None) == (r is None)
+        if x is not None:
+            np.testing.assert_allclose(x, r, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(y, r, rtol=1e-12, atol=1e-12)
