@@ -42,6 +42,16 @@ def batches(layout, query_shape, key_shape, aq, akv, honor_bsnd_lengths):
                    lambda s1, n2, q0=q0: (n2, q0 + s1))
 
 
+def _query_and_keys(query, key, query_rope, key_rope, q_index, kv):
+    """The row's query heads and selected keys, rope parts appended (spec: Qf, Kf)."""
+    Qf = query[q_index]
+    Kf = np.stack([key[r] for r in kv])
+    if query_rope is not None:
+        Qf = np.concatenate([Qf, query_rope[q_index]], -1)
+        Kf = np.concatenate([Kf, np.stack([key_rope[r] for r in kv])], -1)
+    return Qf, Kf
+
+
 def _rnd(x, round_to):
     if round_to is None:
         return x
@@ -73,11 +83,7 @@ def forward_reference(query, key, value, indices, *, scale, bs=1, layout="BSND",
                         mx[st], sm[st] = sinks[heads], 1.0
                     continue
                 kv = [kvrow(j) + (n2,) for j in pos]
-                Qf = query[q + (heads,)]
-                Kf = np.stack([key[r] for r in kv])
-                if query_rope is not None:
-                    Qf = np.concatenate([Qf, query_rope[q + (heads,)]], -1)
-                    Kf = np.concatenate([Kf, np.stack([key_rope[r] for r in kv])], -1)
+                Qf, Kf = _query_and_keys(query, key, query_rope, key_rope, q + (heads,), kv)
                 V = np.stack([value[r] for r in kv])
                 x = (Qf @ Kf.T) * scale
                 m = x.max(-1)
@@ -111,11 +117,7 @@ def grad_reference(query, key, indices, d_out, out, softmax_max, softmax_sum, *,
                 if not pos:
                     continue
                 kv = [kvrow(j) + (n2,) for j in pos]
-                Qf = query[q + (heads,)]
-                Kf = np.stack([key[r] for r in kv])
-                if query_rope is not None:
-                    Qf = np.concatenate([Qf, query_rope[q + (heads,)]], -1)
-                    Kf = np.concatenate([Kf, np.stack([key_rope[r] for r in kv])], -1)
+                Qf, Kf = _query_and_keys(query, key, query_rope, key_rope, q + (heads,), kv)
                 V = np.stack([value[r] for r in kv]) if value is not None else np.stack([key[r][:D2] for r in kv])
                 dO, O = d_out[q + (heads,)], out[q + (heads,)]
                 st = st_idx(s1, n2)
