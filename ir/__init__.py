@@ -12,6 +12,7 @@ from ._types import Dim, SymbolTable, TensorType
 from ._core import Graph, Node, Value
 from ._builder import GraphBuilder
 from ._api import check, run
+from ._onnx_export import save_onnx, to_onnx
 from . import moe_indices
 
 float32 = DType.FLOAT32
@@ -44,4 +45,6 @@ __all__ = [
     "int64",
     "moe_indices",
     "run",
+    "save_onnx",
+    "to_onnx",
 ]

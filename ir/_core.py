@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
+import numpy as np
 
 from ._errors import GraphError, SourceLocation
 from ._types import SymbolTable, TensorType
@@ -126,13 +127,17 @@ class Graph:
         self.name = name
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
+        self.constants: dict[str, np.ndarray] = {}
+        """Initializers: named arrays (their Values are in ``constant_values``), never fed."""
+        self.constant_values: list[Value] = []
         self.nodes: list[Node] = []
         self.symbols = symbols if symbols is not None else SymbolTable()
         self.properties: set[str] = set()
 
     def values(self) -> Iterator[Value]:
-        """Every value of the graph: inputs first, then node outputs in node order."""
+        """Every value of the graph: inputs, constants, then node outputs in node order."""
         yield from self.inputs
+        yield from self.constant_values
         for node in self.nodes:
             yield from (v for v in node.outputs if v is not None)
 

@@ -1,0 +1,63 @@
+"""Conversions between geir types/attributes and their ONNX protobuf forms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnx import AttributeProto, TypeProto, ValueInfoProto, helper
+
+from ._dtypes import as_dtype
+from ._errors import GraphError
+from ._types import TensorType
+
+__all__ = ["attribute_from_onnx", "attribute_to_onnx", "tensor_type_from_onnx", "value_info"]
+
+_KIND_TO_ONNX = {"Int": AttributeProto.INT, "Float": AttributeProto.FLOAT, "Bool": AttributeProto.INT,
+                 "String": AttributeProto.STRING, "ListInt": AttributeProto.INTS}
+
+
+def value_info(name: str, t: TensorType) -> ValueInfoProto:
+    """A ValueInfoProto with full shape; symbols become ``dim_param``."""
+    return helper.make_tensor_value_info(name, t.dtype.onnx, list(t.shape))
+
+
+def tensor_type_from_onnx(tp: TypeProto, what: str) -> TensorType:
+    """A geir TensorType from an ONNX tensor TypeProto; unknown dims or other types are errors."""
+    if not tp.HasField("tensor_type"):
+        raise GraphError(f"{what}: expected a tensor type, got {tp.WhichOneof('value')}")
+    tt = tp.tensor_type
+    try:
+        dtype = as_dtype(int(tt.elem_type))
+    except TypeError:
+        raise GraphError(f"{what}: element type {helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else '?'} "
+                         f"is not one of geir's dtypes") from None
+    if not tt.HasField("shape"):
+        raise GraphError(f"{what}: expected a shape (geir needs every rank), got none")
+    dims: list[int | str] = []
+    for k, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param.isidentifier():
+            dims.append(d.dim_param)
+        else:
+            raise GraphError(f"{what} dim {k}: expected a size or a symbol name, got an unnamed unknown dim")
+    return TensorType(dtype, dims)
+
+
+def attribute_to_onnx(name: str, kind: str, value: Any) -> AttributeProto:
+    """A geir attribute (GE kind) as an AttributeProto; Bool is an INT 0/1 (ONNX has no bool)."""
+    if kind == "Bool":
+        value = int(value)
+    return helper.make_attribute(name, list(value) if kind == "ListInt" else value, attr_type=_KIND_TO_ONNX[kind])
+
+
+def attribute_from_onnx(attr: AttributeProto, kind: str | None) -> Any:
+    """The Python value of an AttributeProto; with a GE kind, INT becomes bool for Bool attributes."""
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        value = value.decode()
+    if kind == "Bool" and attr.type == AttributeProto.INT:
+        return bool(value)
+    if kind == "ListInt" and attr.type == AttributeProto.INTS:
+        return tuple(value)
+    return value

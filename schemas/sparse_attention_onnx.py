@@ -1,0 +1,208 @@
+"""ONNX bodies of the sparse flash-attention ops (spec 4.5-4.7).
+
+Query rows are flattened (BSND ``b*S1 + s1``, TND ``t``); every row gathers a padded set of
+``K * sparse_block_size`` candidate keys with clamped indices and a validity mask (entry
+index below ``n_valid``, no -1 before it, position below the threshold), so all products
+are batched MatMuls; masked scores are -inf and masked probabilities 0; the grad adds key
+and value contributions with ``ScatterND(reduction="add")`` in float32. Intermediate
+roundings are ``CastLike(input dtype)`` + ``Cast(float)``. Bodies are specialised on the
+layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ._onnx_body import Body
+from .lowering import LoweringSpec, register_lowering
+
+
+class _Rows:
+    """Row metadata and candidate keys of every flattened query row, as body values."""
+
+    def __init__(self, b: Body, spec: LoweringSpec, layout: str, honor_bsnd_lengths: bool) -> None:
+        self.b = b
+        one = b.ints(1)
+        if layout == "BSND":
+            s1_size, s2_size = b.dim("query", 1), b.dim("key", 1)
+            rows_total = b.op("Mul", b.dim("query", 0), s1_size)
+            self.kv_total = b.op("Mul", b.dim("query", 0), s2_size)
+            rows = b.op("Range", b.const(0), b.scalar(rows_total), b.const(1))
+            batch = b.op("Div", rows, s1_size)
+            self.s1 = b.op("Mod", rows, s1_size)
+
+            def length(name: str, full: str) -> str:
+                if honor_bsnd_lengths and spec.has(name):
+                    return b.op("Gather", b.to_int64(name), batch)
+                return b.op("Expand", full, b.op("Shape", rows))
+            self.s1_len, self.s2_len = length("actual_seq_lengths_query", s1_size), length("actual_seq_lengths_kv", s2_size)
+            self.kv_start = b.op("Mul", batch, s2_size)
+            self.active = b.op("Less", self.s1, self.s1_len)
+        else:
+            rows_total, self.kv_total = b.dim("query", 0), b.dim("key", 0)
+            rows = b.op("Range", b.const(0), b.scalar(rows_total), b.const(1))
+            aq, akv = b.to_int64("actual_seq_lengths_query"), b.to_int64("actual_seq_lengths_kv")
+            batches = b.dim(aq, 0)
+            ended = b.op("LessOrEqual", b.unsqueeze(aq, 0), b.unsqueeze(rows, 1))        # (rows, B)
+            batch = b.sum(b.to_int64(ended), 1)
+            self.active = b.op("Less", batch, batches)
+            last = b.op("Min", batch, b.op("Sub", batches, one))
+            previous = b.op("Max", b.op("Sub", last, one), b.ints(0))
+            first = b.op("Greater", last, b.ints(0))
+            q_start = b.where(first, b.op("Gather", aq, previous), b.ints(0))
+            self.kv_start = b.where(first, b.op("Gather", akv, previous), b.ints(0))
+            self.s1 = b.op("Sub", rows, q_start)
+            self.s1_len = b.op("Sub", b.op("Gather", aq, last), q_start)
+            self.s2_len = b.op("Sub", b.op("Gather", akv, last), self.kv_start)
+        self.rows_total = rows_total
+        mode = spec.attr("sparse_mode")
+        self.threshold = self.s2_len if mode == 0 else b.op(
+            "Add", b.op("Sub", self.s2_len, self.s1_len), b.op("Add", self.s1, one))
+
+    def candidates(self) -> tuple[str, str, str]:
+        """(flat key rows (rows, N2, Lp) into a (T2*N2, .) table, validity, Lp)."""
+        b = self.b
+        heads = b.dim("key", -2)
+        entries = b.reshape(b.to_int64("sparse_indices"), self.rows_total, heads, b.dim("sparse_indices", -1))
+        topk = b.dim(entries, 2)
+        block = b.attr_int("sparse_block_size")
+        thr = b.unsqueeze(self.threshold, 1, 2)                                        # (rows, 1, 1)
+        ceil_blocks = b.op("Div", b.op("Add", thr, b.op("Sub", block, b.const(1))), block)
+        n_valid = b.where(b.op("Greater", thr, b.ints(0)), b.op("Min", ceil_blocks, topk), b.ints(0))
+        entry = b.op("Range", b.const(0), b.scalar(topk), b.const(1))
+        no_pad_yet = b.op("Equal", b.op("CumSum", b.to_int64(b.op("Equal", entries, b.const(-1))), b.const(2)),
+                          b.ints(0))
+        entry_ok = b.op("And", b.op("Less", entry, n_valid), no_pad_yet)               # (rows, N2, K)
+        offsets = b.op("Range", b.const(0), block, b.const(1))
+        positions = b.op("Add", b.op("Mul", b.unsqueeze(entries, 3), block), offsets)  # (rows, N2, K, bs)
+        ok = b.op("Expand", b.unsqueeze(entry_ok, 3), b.op("Shape", positions))
+        in_range = b.op("And", b.op("Less", positions, b.unsqueeze(thr, 3)),
+                        b.op("GreaterOrEqual", positions, b.ints(0)))
+        valid = b.op("And", b.op("And", ok, in_range), b.unsqueeze(self.active, 1, 2, 3))
+        span = b.op("Mul", topk, b.unsqueeze(block, 0))
+        positions = b.reshape(positions, self.rows_total, heads, span)
+        valid = b.reshape(valid, self.rows_total, heads, span)
+        key_rows = b.op("Add", b.unsqueeze(self.kv_start, 1, 2), positions)
+        key_rows = b.op("Max", b.op("Min", key_rows, b.op("Sub", self.kv_total, b.ints(1))), b.ints(0))
+        flat = b.op("Add", b.op("Mul", key_rows, heads),
+                    b.unsqueeze(b.op("Range", b.const(0), b.scalar(heads), b.const(1)), 0, 2))
+        return flat, valid, span
+
+
+def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...]) -> str:
+    """Rows of the present tensors of ``names``, float32, concatenated on the last axis, as (rows*N, D)."""
+    parts = [b.to_float(n) for n in names if n in ("query", "key", "value") or spec.has(n)]
+    joined = parts[0] if len(parts) == 1 else b.concat(*parts, axis=-1)
+    return b.reshape(joined, -1, b.dim(joined, -1))
+
+
+def _common(b: Body, spec: LoweringSpec, layout: str, is_grad: bool):
+    rows = _Rows(b, spec, layout, honor_bsnd_lengths=not is_grad)
+    flat, valid, span = rows.candidates()
+    kv_heads = b.dim("key", -2)
+    group = b.op("Div", b.dim("query", -2), kv_heads)
+    keys = b.op("Gather", _table(b, spec, ("key", "key_rope")), flat, axis=0)           # (rows, N2, Lp, Dq)
+    queries = _table(b, spec, ("query", "query_rope"))
+    queries = b.reshape(queries, rows.rows_total, kv_heads, group, b.dim(queries, -1))  # (rows, N2, G, Dq)
+    scale = b.attr_float("scale_value")
+    scores = b.op("Mul", b.op("MatMul", queries, b.op("Transpose", keys, perm=[0, 1, 3, 2])), scale)
+    mask = b.unsqueeze(valid, 2)                                                       # (rows, N2, 1, Lp)
+    masked = b.where(mask, scores, b.f32(-np.inf))
+    return rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group
+
+
+def _stats_to_layout(b: Body, layout: str, stats: str, rows: _Rows) -> str:
+    if layout == "BSND":
+        shaped = b.reshape(stats, b.dim("query", 0), b.dim("query", 1), b.dim(stats, 1), b.dim(stats, 2))
+        return b.op("Transpose", shaped, perm=[0, 2, 1, 3])
+    return b.op("Transpose", stats, perm=[1, 0, 2])
+
+
+@register_lowering("SparseFlashAttention", ("layout_query", "sparse_mode", "return_softmax_lse"))
+def sfa_forward(b: Body, spec: LoweringSpec) -> None:
+    layout = spec.attr("layout_query")
+    rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False)
+    values = b.op("Gather", _table(b, spec, ("value",)), flat, axis=0)                # (rows, N2, Lp, D2)
+    row_max = b.op("ReduceMax", masked, b.ints(3), keepdims=1)
+    if spec.has("sinks"):
+        sinks = b.reshape(b.to_float("sinks"), 1, kv_heads, group, 1)
+        row_max = b.op("Max", row_max, sinks)
+    zero = b.f32(0.0)
+    row_max = b.where(b.op("IsInf", row_max), zero, row_max)                          # rows with no key and no sink
+    e = b.op("Exp", b.op("Sub", masked, row_max))
+    total = b.sum(e, 3, keepdims=1)
+    if spec.has("sinks"):
+        total = b.op("Add", total, b.op("Exp", b.op("Sub", sinks, row_max)))
+    probs = b.op("Div", e, b.where(b.op("Greater", total, zero), total, b.f32(1.0)))
+    out = b.op("MatMul", b.round_trip(probs, "query"), values)                        # (rows, N2, G, D2)
+    computed = rows.active if spec.attr("sparse_mode") == 0 else b.op(
+        "And", rows.active, b.op("Greater", rows.threshold, b.ints(0)))
+    computed = b.unsqueeze(computed, 1, 2, 3)
+    out = b.where(computed, out, zero)
+    out_shape = b.concat(b.op("Shape", "query", end=-1), b.dim("value", -1))
+    b.output("CastLike", "attention_out", b.op("Reshape", out, out_shape), "query")
+    if spec.attr("return_softmax_lse"):
+        for name, stat in (("softmax_max", row_max), ("softmax_sum", total)):
+            stat = b.op("Squeeze", b.where(computed, stat, zero), b.ints(3))           # (rows, N2, G)
+            b.output("Identity", name, _stats_to_layout(b, layout, stat, rows))
+    else:
+        empty = helper.make_tensor("", TensorProto.FLOAT, [1], [0])
+        for name in ("softmax_max", "softmax_sum"):
+            b.output("ConstantOfShape", name, b.ints(0), value=empty)
+
+
+@register_lowering("SparseFlashAttentionGrad", ("layout", "sparse_mode"))
+def sfa_grad(b: Body, spec: LoweringSpec) -> None:
+    layout = spec.attr("layout")
+    rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, True)
+    d2 = b.dim("d_out", -1)
+    values = (b.op("Gather", _table(b, spec, ("value",)), flat, axis=0) if spec.has("value")
+              else b.slice(keys, b.ints(0), d2, 3))                                   # KV merge: V = key[..., :D2]
+
+    def to_rows(name: str) -> str:
+        """Stats (B, N2, S1, G) / (N2, T1, G) -> (rows, N2, G, 1)."""
+        if layout == "BSND":
+            stat = b.op("Transpose", name, perm=[0, 2, 1, 3])
+        else:
+            stat = b.op("Transpose", name, perm=[1, 0, 2])
+        return b.reshape(stat, rows.rows_total, kv_heads, group, 1)
+
+    zero = b.f32(0.0)
+    with_max = b.op("Exp", b.op("Sub", masked, to_rows("softmax_max")))
+    stats_sum = to_rows("softmax_sum")
+    safe_sum = b.where(b.op("Greater", stats_sum, zero), stats_sum, b.f32(1.0))   # rows not read: no 0/0
+    probs = b.where(mask, b.op("Div", with_max, safe_sum), zero)
+    grad_out = b.reshape(b.to_float("d_out"), rows.rows_total, kv_heads, group, d2)
+    out = b.reshape(b.to_float("out"), rows.rows_total, kv_heads, group, d2)
+    d_value = b.op("MatMul", b.op("Transpose", b.round_trip(probs, "query"), perm=[0, 1, 3, 2]), grad_out)
+    d_p = b.op("MatMul", grad_out, b.op("Transpose", values, perm=[0, 1, 3, 2]))
+    d_s = b.op("Mul", probs, b.op("Sub", d_p, b.sum(b.op("Mul", grad_out, out), 3, keepdims=1)))
+    d_s = b.round_trip(b.where(mask, d_s, zero), "query")
+    d_query = b.op("Mul", scale, b.op("MatMul", d_s, keys))                          # (rows, N2, G, Dq)
+    d_key = b.op("Mul", scale, b.op("MatMul", b.op("Transpose", d_s, perm=[0, 1, 3, 2]), queries))
+    contributions = b.concat(d_key, d_value, axis=3)                                  # (rows, N2, Lp, Dq + D2)
+    contributions = b.where(b.unsqueeze(valid, 3), contributions, zero)
+    width = b.dim(contributions, -1)
+    table_rows = b.op("Mul", rows.kv_total, kv_heads)
+    zeros = b.op("ConstantOfShape", b.concat(table_rows, width), value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
+    summed = b.op("ScatterND", zeros, b.reshape(flat, -1, 1), b.reshape(contributions, -1, width), reduction="add")
+    dq_width = b.dim(d_key, -1)
+    d_key_all = b.slice(summed, b.ints(0), dq_width, 1)
+    d_value_all = b.slice(summed, dq_width, width, 1)
+    if not spec.has("value"):                                                          # KV merge: dK[:, :D2] += dV
+        d_key_all = b.concat(b.op("Add", b.slice(d_key_all, b.ints(0), d2, 1), d_value_all),
+                             b.slice(d_key_all, d2, dq_width, 1), axis=1)
+    d = b.dim("query", -1)
+    d_query = b.reshape(d_query, rows.rows_total, b.dim("query", -2), b.dim(d_query, -1))
+
+    def emit(name: str, table: str, start: str, end: str, like: str) -> None:
+        part = b.slice(table, start, end, -1)
+        shape = b.concat(b.op("Shape", like, end=-1), b.op("Shape", part, start=-1))
+        b.output("CastLike", spec.out(name), b.op("Reshape", part, shape, allowzero=1), "query")
+
+    emit("d_query", d_query, b.ints(0), d, "query")
+    emit("d_key", d_key_all, b.ints(0), d, "key")
+    emit("d_value", d_value_all, b.ints(0), d2, "key")
+    emit("d_query_rope", d_query, d, dq_width, "query")
+    emit("d_key_rope", d_key_all, d, dq_width, "key")
