@@ -13,6 +13,7 @@ from ._core import Graph, Node, Value
 from ._builder import GraphBuilder
 from ._api import check, run
 from ._onnx_export import save_onnx, to_onnx
+from ._onnx_import import from_onnx, load_onnx
 from . import moe_indices
 
 float32 = DType.FLOAT32
@@ -41,8 +42,10 @@ __all__ = [
     "check",
     "float16",
     "float32",
+    "from_onnx",
     "int32",
     "int64",
+    "load_onnx",
     "moe_indices",
     "run",
     "save_onnx",

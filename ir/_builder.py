@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._core import CANN_DOMAIN, Graph, Node, Value
 from ._dtypes import DTypeLike
 from ._errors import GeirWarning, GraphError, user_location
@@ -82,12 +84,41 @@ class GraphBuilder:
         return graph
 
     # -- ops -----------------------------------------------------------------------------
-    def op(self, op_type: str, *inputs: Value | None, domain: str = CANN_DOMAIN, name: str | None = None,
+    def op(self, op_type: str, *inputs: Value | None, domain: str | None = None, name: str | None = None,
            **attributes: Any) -> OpResult:
-        """Add a node of any registered op; inputs positional, attributes by keyword."""
-        from geir.schemas import get_schema
+        """Add a node of any op: ours (domain "ai.cann") or a standard ONNX op (domain "").
 
+        Without ``domain``, our op of that name if there is one, else the standard op. Inputs
+        are positional (None for an absent optional input), attributes by keyword.
+        Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``.
+        """
+        from geir.schemas import all_schemas, get_schema
+
+        if domain is None:
+            ours = sorted(s.op_type for s in all_schemas())
+            if op_type not in ours:
+                try:
+                    schema = get_schema(op_type, "", name)
+                except GraphError:
+                    raise GraphError(f"[SCH-1] {op_type}: op type: expected one of ours ({', '.join(ours)}) or a "
+                                     f"standard ONNX op, got unknown op '{op_type}'", rule="SCH-1") from None
+                return self._add(schema, list(inputs), {}, attributes, name)
+            domain = CANN_DOMAIN
         return self._add(get_schema(op_type, domain, name), list(inputs), {}, attributes, name)
+
+    def constant(self, name: str, array: np.ndarray) -> Value:
+        """A named constant (an ONNX initializer): never fed, never modified."""
+        self._check_open()
+        array = np.array(array)  # a private copy
+        self._claim(name, "constant")
+        try:
+            value = Value(name, TensorType(array.dtype, array.shape))
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"graph '{self._graph.name}': constant '{name}': {exc}") from None
+        self._graph.constants[name] = array
+        self._graph.constant_values.append(value)
+        self._values.add(id(value))
+        return value
 
     def __getattr__(self, op_type: str) -> Any:
         from geir.schemas import all_schemas
@@ -104,7 +135,7 @@ class GraphBuilder:
         return sorted(set(super().__dir__()) | {s.op_type for s in all_schemas()})
 
     def _add(self, schema: OpSchema, positional: list[Any], named_inputs: dict[str, Any],
-             attributes: dict[str, Any], name: str | None) -> OpResult:
+             attributes: dict[str, Any], name: str | None, output_names: list[str] | None = None) -> OpResult:
         from geir.schemas import InferContext
 
         self._check_open()
@@ -115,9 +146,9 @@ class GraphBuilder:
                 n += 1
             self._counts[schema.op_type] = n + 1
             name = f"{schema.op_type}_{n}"
-        if len(positional) > len(schema.inputs):
-            schema.raise_error("SCH-2", name, "inputs", f"at most {len(schema.inputs)}", len(positional), location)
-        inputs: list[Value | None] = positional + [None] * (len(schema.inputs) - len(positional))
+        if len(positional) > schema.max_inputs:
+            schema.raise_error("SCH-2", name, "inputs", f"at most {schema.max_inputs}", len(positional), location)
+        inputs: list[Value | None] = positional + [None] * max(0, len(schema.inputs) - len(positional))
         for key, value in named_inputs.items():
             i = schema.input_index(key)
             if i < len(positional):
@@ -126,11 +157,14 @@ class GraphBuilder:
             inputs[i] = value
         for i, value in enumerate(inputs):
             if value is not None:
-                self._check_value(value, f"{schema.op_type} '{name}': input {i} '{schema.inputs[i].name}'")
+                formal = schema.inputs[min(i, len(schema.inputs) - 1)].name
+                self._check_value(value, f"{schema.op_type} '{name}': input {i} '{formal}'")
         bound = schema.bind_attributes(attributes, name, location)
         types = [v.type if v is not None else None for v in inputs]
         schema.check_signature(types, name, location)
-        ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location)
+        values = [self._graph.constants.get(v.name) if v is not None and v.producer is None else None for v in inputs]
+        ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location,
+                           input_values=values)
         out_types = schema.infer_types(ctx)
         for message in ctx.warnings:
             if location is None:
@@ -138,8 +172,15 @@ class GraphBuilder:
             else:
                 warnings.warn_explicit(message, GeirWarning, location.filename, location.lineno)
         self._claim(name, "node", self._node_names)
-        out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
-                     for s, t in zip(schema.outputs, out_types)]
+        if output_names is not None:  # an imported node: keep its value names; "" or a missing one is absent
+            names = list(output_names) + [""] * (len(out_types) - len(output_names))
+            for n in names:
+                if n:
+                    self._claim(n, "value")
+            out_specs = [None if t is None or not n else (n, t) for n, t in zip(names, out_types)]
+        else:
+            out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
+                         for s, t in zip(schema.outputs, out_types)]
         node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location)
         self._graph.nodes.append(node)
         for value in node.outputs:

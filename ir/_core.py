@@ -101,7 +101,8 @@ class Node:
         outs = ", ".join(v.name if v is not None else "_" for v in self.outputs)
         ins = ", ".join(v.name if v is not None else "None" for v in self._inputs)
         attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in self.attributes.items())
-        text = f"{outs} = {self.domain}::{self.op_type}({ins})"
+        op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
+        text = f"{outs} = {op}({ins})"
         if attrs:
             text += f" {{{attrs}}}"
         return text + f"  # '{self.name}'" + (f" at {self.location}" if self.location else "")
@@ -170,6 +171,7 @@ class Graph:
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}(" + ", ".join(f"{v.name}: {v.type}" for v in self.inputs) + ") {"]
+        lines += [f"  {v.name} = constant {v.type}" for v in self.constant_values]
         for node in self.nodes:
             lines.append("  " + str(node))
         lines.append("  return " + ", ".join(f"{v.name}: {v.type}" for v in self.outputs))

@@ -21,8 +21,12 @@ def value_info(name: str, t: TensorType) -> ValueInfoProto:
     return helper.make_tensor_value_info(name, t.dtype.onnx, list(t.shape))
 
 
-def tensor_type_from_onnx(tp: TypeProto, what: str) -> TensorType:
-    """A geir TensorType from an ONNX tensor TypeProto; unknown dims or other types are errors."""
+def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = None) -> TensorType:
+    """A geir TensorType from an ONNX tensor TypeProto.
+
+    An unnamed unknown dim becomes the symbol ``f"{unknown_dim}_{k}"`` when ``unknown_dim`` is
+    given (an inferred output), and is an error otherwise (a declared input).
+    """
     if not tp.HasField("tensor_type"):
         raise GraphError(f"{what}: expected a tensor type, got {tp.WhichOneof('value')}")
     tt = tp.tensor_type
@@ -39,6 +43,8 @@ def tensor_type_from_onnx(tp: TypeProto, what: str) -> TensorType:
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param.isidentifier():
             dims.append(d.dim_param)
+        elif unknown_dim is not None:
+            dims.append(f"{unknown_dim}_{k}")
         else:
             raise GraphError(f"{what} dim {k}: expected a size or a symbol name, got an unnamed unknown dim")
     return TensorType(dtype, dims)

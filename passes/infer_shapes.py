@@ -12,10 +12,13 @@ from ._infra import Pass, PassResult
 __all__ = ["InferShapes", "infer_node"]
 
 
-def infer_node(node: Node, symbols: SymbolTable, input_types=None) -> tuple[InferContext, tuple[TensorType | None, ...]]:
+def infer_node(node: Node, symbols: SymbolTable, input_types=None,
+               constants: dict | None = None) -> tuple[InferContext, tuple[TensorType | None, ...]]:
     """Run one node's semantic rules and inference on its (or the given) input types."""
     types = [v.type if v is not None else None for v in node.inputs] if input_types is None else input_types
-    ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=symbols, location=node.location)
+    ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=symbols, location=node.location,
+                       input_values=[constants.get(v.name) if v is not None and v.producer is None else None
+                                     for v in node.inputs] if constants else None)
     return ctx, node.schema.infer_types(ctx)
 
 
@@ -32,7 +35,7 @@ class InferShapes(Pass):
     def call(self, graph: Graph) -> PassResult:
         modified = False
         for node in graph.topological_order():
-            _, types = infer_node(node, graph.symbols)
+            _, types = infer_node(node, graph.symbols, constants=graph.constants)
             for i, (value, inferred) in enumerate(zip(node.outputs, types)):
                 if value is None:
                     continue

@@ -21,7 +21,14 @@ def register(schema: OpSchema) -> OpSchema:
 
 
 def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None) -> OpSchema:
-    """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones."""
+    """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones.
+
+    Domain "" (or "ai.onnx") gives the standard ONNX op's adapter.
+    """
+    if domain in ("", "ai.onnx"):
+        from .standard import standard_schema
+
+        return standard_schema(op_type)
     try:
         return _SCHEMAS[(domain, op_type)]
     except KeyError:

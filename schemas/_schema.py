@@ -53,7 +53,9 @@ class AttrKind(enum.Enum):
                 return int(value)
         elif self is AttrKind.FLOAT:
             if _is_int(value) or isinstance(value, (float, np.floating)):
-                return float(value)
+                with np.errstate(over="ignore"):
+                    single = np.float32(value)
+                return float(single) if np.isfinite(single) else float(value)   # GE Floats are 32-bit
         elif self is AttrKind.STRING:
             if isinstance(value, str):
                 return value
@@ -143,10 +145,13 @@ class InferContext(_NodeContext):
         symbols: SymbolTable | None = None,
         location: SourceLocation | None = None,
         target: str | None = None,
+        input_values: Sequence[np.ndarray | None] | None = None,
     ) -> None:
         self.schema = schema
         self.node = node
         self.inputs = tuple(input_types)
+        self.input_values = tuple(input_values) if input_values is not None else (None,) * len(self.inputs)
+        """Values of constant inputs (standard ops' shape inference needs e.g. Reshape's shape)."""
         self.attributes = dict(attributes)
         self.symbols = symbols if symbols is not None else SymbolTable()
         self.location = location
@@ -241,6 +246,10 @@ class OpSchema:
         for combo in self.type_combinations:
             if len(combo) != len(self.inputs):
                 raise ValueError(f"{self.op_type}: dtype combination {combo} does not cover every input")
+
+    @property
+    def max_inputs(self) -> int:
+        return len(self.inputs)
 
     def input_index(self, key: int | str) -> int:
         return key if isinstance(key, int) else self._input_index[key]

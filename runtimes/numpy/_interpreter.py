@@ -14,6 +14,7 @@ from geir.schemas import DataContext
 
 from .._feeds import validate_feeds
 from ._kernels import KERNELS
+from .standard import standard_kernel
 
 __all__ = ["NumpyExecutable", "NumpyRuntime"]
 
@@ -44,6 +45,8 @@ class NumpyExecutable:
         self.kernels = {}
         for node in self.order:
             kernel = KERNELS.get((node.domain, node.op_type))
+            if kernel is None and node.domain in ("", "ai.onnx"):
+                kernel = standard_kernel(node)
             if kernel is None:
                 raise GraphError(f"runtime 'numpy' has no kernel for {node.domain}::{node.op_type} "
                                  f"(node '{node.name}')", node=node.name, location=node.location)
@@ -58,6 +61,7 @@ class NumpyExecutable:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         env, _ = validate_feeds(self.graph, feeds)
+        env.update(self.graph.constants)   # read-only: never owned, so never written in place
         owned: set[str] = set()
         for step, node in enumerate(self.order):
             args = [env[v.name] if v is not None else None for v in node.inputs]
@@ -80,7 +84,7 @@ class NumpyExecutable:
             for value, array, want in zip(node.outputs, results, expected):
                 if value is None:
                     continue
-                if array.dtype != want.dtype.numpy or array.shape != want.shape:
+                if array.dtype != want.dtype.numpy or not _shape_matches(array.shape, want.shape):
                     raise ExecutionError(f"{_describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
                                          f"for output '{value.name}', expected {want}", node=node.name)
                 env[value.name] = array
@@ -106,10 +110,15 @@ class NumpyExecutable:
             return [v.type if v is not None else None for v in node.outputs]
         concrete = [None if a is None else TensorType(v.type.dtype, a.shape) for v, a in zip(node.inputs, args)]
         try:
-            _, types = infer_node(node, self.graph.symbols, concrete)
+            _, types = infer_node(node, self.graph.symbols, concrete, self.graph.constants)
         except GraphError as exc:
             raise ExecutionError(f"{exc.message} (on the fed shapes; {_describe(node)})", node=node.name) from None
         return list(types)
+
+
+def _shape_matches(actual: tuple[int, ...], declared: tuple) -> bool:
+    """Ranks equal and every int dim equal (symbols of data-dependent standard-op outputs match any size)."""
+    return len(actual) == len(declared) and all(not isinstance(d, int) or d == a for a, d in zip(actual, declared))
 
 
 def _describe(node: Node) -> str:
