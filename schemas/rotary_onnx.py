@@ -38,7 +38,8 @@ def _rotary_body(b: Body, x: str, out: str, is_grad: bool) -> None:
     partner = b.where(is1, partner1, b.where(is2, partner2, partner0))
     sign = b.where(is1, sign1, b.where(is2, sign2, sign0))
     g = b.slice(b.to_float(x), start, end, 3)
-    c, n = b.to_float("cos"), b.to_float("sin")
+    zero = b.ints(0)      # cos/sin hold L values; with L = 0 their last dim is free: take [:L]
+    c, n = (b.slice(b.to_float(t), zero, length, 3) for t in ("cos", "sin"))
     if is_grad:
         m = b.op("Mul", sign, b.op("Gather", n, partner, axis=3))        # the partner's sin
         y = b.op("Add", b.op("Mul", c, g), b.op("Mul", m, b.op("Gather", g, partner, axis=3)))

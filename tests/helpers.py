@@ -76,3 +76,21 @@ def sfa_graph(feeds: dict, op: str = SFA, name: str = "node", **attrs):
         if value is not None:
             b.output(value, spec.name)
     return b.build(), {k: v for k, v in feeds.items() if v is not None}
+
+
+def assert_same_graph(got: geir.Graph, want: geir.Graph) -> None:
+    """Same name, inputs, constants, nodes (op, domain, name, attributes, input and output names and types), outputs."""
+    def sig(v):
+        return None if v is None else (v.name, str(v.type))
+    assert got.name == want.name
+    assert [sig(v) for v in got.inputs] == [sig(v) for v in want.inputs]
+    assert sorted(got.constants) == sorted(want.constants)
+    for name, array in want.constants.items():
+        assert got.constants[name].dtype == array.dtype and np.array_equal(got.constants[name], array), name
+    assert len(got.nodes) == len(want.nodes)
+    for a, b in zip(got.topological_order(), want.topological_order()):
+        assert (a.op_type, a.domain, a.name) == (b.op_type, b.domain, b.name)
+        assert a.attributes == b.attributes, (a.name, a.attributes, b.attributes)
+        assert [sig(v) for v in a.inputs] == [sig(v) for v in b.inputs], a.name
+        assert [sig(v) for v in a.outputs] == [sig(v) for v in b.outputs], a.name
+    assert [sig(v) for v in got.outputs] == [sig(v) for v in want.outputs]

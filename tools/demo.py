@@ -33,11 +33,13 @@ class DemoCase:
     dtype: str
     build: Builder
     expected: np.ndarray | dict[str, np.ndarray]
+    round_trip: str = "not run"
 
     def run(self, runtime: str = "numpy") -> tuple[float, bool]:
         graph, feeds = self.build()
         snapshot = {k: v.copy() for k, v in feeds.items()}
         results = geir.run(graph, feeds, runtime=runtime)
+        self.round_trip = _onnx_round_trip(graph, feeds, results)
         unchanged = all(np.array_equal(snapshot[k], feeds[k]) for k in feeds)
         expected = self.expected if isinstance(self.expected, dict) else {"y": self.expected}
         error, shapes_ok = 0.0, set(results) == set(expected)
@@ -48,7 +50,18 @@ class DemoCase:
                 continue
             if got.size:
                 error = max(error, float(np.max(np.abs(got.astype(np.float64) - want))))
-        return error, unchanged and shapes_ok and error <= TOLERANCE[self.dtype]
+        return error, unchanged and shapes_ok and error <= TOLERANCE[self.dtype] and self.round_trip == "same"
+
+
+def _onnx_round_trip(graph: geir.Graph, feeds: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> str:
+    """Export (checked with full_check), re-import, run again: 'same' when every output is identical."""
+    try:
+        again = geir.run(geir.from_onnx(geir.to_onnx(graph)), feeds)
+    except Exception as exc:  # reported in the table, and fails the case
+        return f"error: {type(exc).__name__}"
+    same = set(again) == set(results) and all(np.array_equal(again[k].view(np.uint8), results[k].view(np.uint8))
+                                             for k in results)
+    return "same" if same else "DIFFERENT"
 
 
 def _rotary_graph(op: str, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, dtype: str, cos_dtype: str,
@@ -258,9 +271,10 @@ def run_demo(runtime: str = "numpy") -> int:
     for case in all_cases():
         error, ok = case.run(runtime)
         failed += not ok
-        rows.append((case.name, case.op, case.dtype, f"{error:.3g}", f"{TOLERANCE[case.dtype]:g}",
+        rows.append((case.name, case.op, case.dtype, f"{error:.3g}", f"{TOLERANCE[case.dtype]:g}", case.round_trip,
                      "pass" if ok else "FAIL"))
-    print(f"geir demo: the operator contract's graph-mode examples on the {runtime} runtime\n")
-    print(format_table(("case", "op", "dtype", "max error", "tolerance", "result"), rows))
+    print(f"geir demo: the operator contract's graph-mode examples on the {runtime} runtime; each graph is also\n"
+          f"exported to ONNX (checker full_check), imported back and run again\n")
+    print(format_table(("case", "op", "dtype", "max error", "tolerance", "ONNX round trip", "result"), rows))
     print(f"\n{len(rows) - failed}/{len(rows)} cases passed")
     return failed

@@ -48,3 +48,21 @@ def assert_matches_reference(actual: np.ndarray, ref64: np.ndarray, magnitude: n
         idx = tuple(np.argwhere(bad)[0])
         raise AssertionError(f"{what}: {int(bad.sum())} element(s) off; first at {idx}: got {actual[idx]!r}, "
                              f"reference {ref64[idx]!r} (magnitude {magnitude[idx]!r}, dtype {dt})")
+
+
+def _ulp_of_scale(x: np.ndarray, dtype) -> float:
+    """The spacing of ``dtype`` at the largest magnitude of ``x``."""
+    scale = float(np.max(np.abs(x))) if x.size else 0.0
+    if scale == 0:
+        return 0.0
+    dt = np.dtype(dtype)
+    if dt == ml_dtypes.bfloat16:
+        return 2.0 ** (np.floor(np.log2(scale)) - 7)
+    return float(np.spacing(dt.type(scale)))
+
+
+def assert_within_ulps_of_scale(got, want, dtype, ulps=2, what=""):
+    """``got`` is within ``ulps`` units of ``dtype``'s precision at the scale of ``want``."""
+    tol = ulps * _ulp_of_scale(want, dtype)
+    err = np.max(np.abs(got.astype(np.float64) - want)) if want.size else 0.0
+    assert err <= tol, f"{what}: max error {err} > {ulps} ulp(s) of the output scale ({tol})"

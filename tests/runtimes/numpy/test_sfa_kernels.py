@@ -15,6 +15,7 @@ from geir.runtimes.numpy.sparse_attention import sparse_flash_attention, sparse_
 from geir.schemas.sparse_selection import candidates, query_rows
 from helpers import SFA, SFA_GRAD, sfa_graph
 from oracles.sfa import batches, forward_reference, grad_reference, select
+from oracles.numerics import assert_within_ulps_of_scale
 from oracles.sfa_cases import NP, SfaCase
 
 GRAD_NAMES = ("d_query", "d_key", "d_value", "d_query_rope", "d_key_rope")
@@ -148,20 +149,6 @@ def test_float64_kernels_match_the_reference(layout, mode, bs):
 
 
 # -- float16 / bfloat16 graphs against the reference with the same roundings -------------------------
-def _ulp_of_scale(x: np.ndarray, dtype) -> float:
-    scale = float(np.max(np.abs(x))) if x.size else 0.0
-    if scale == 0:
-        return 0.0
-    return float(np.spacing(np.asarray(scale, np.float32).astype(dtype)).astype(np.float64)) if dtype is np.float16 \
-        else 2.0 ** (np.floor(np.log2(scale)) - 7)
-
-
-def assert_within_ulps_of_scale(got, want, dtype, ulps=2, what=""):
-    tol = ulps * _ulp_of_scale(want, dtype)
-    err = np.max(np.abs(got.astype(np.float64) - want)) if want.size else 0.0
-    assert err <= tol, f"{what}: max error {err} > {ulps} ulp(s) of the output scale ({tol})"
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("layout, mode, bs, dr, n2, sinks", [
     ("BSND", 3, 1, 0, 1, False), ("BSND", 0, 2, 4, 2, True), ("TND", 3, 4, 4, 1, False), ("TND", 0, 1, 0, 2, True),
