@@ -16,6 +16,10 @@ from ._onnx_export import save_onnx, to_onnx
 from ._onnx_import import from_onnx, load_onnx
 from . import moe_indices
 
+from ._onnx_schemas import register_onnx_schemas
+
+register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops once geir is imported
+
 float32 = DType.FLOAT32
 float16 = DType.FLOAT16
 bfloat16 = DType.BFLOAT16

@@ -64,8 +64,7 @@ def test_rotary_forward_empty_partial_slice_means_whole_axis():
     assert bits_equal(ort_out["y"], ours["y"]) and bits_equal(ref_out["y"], ours["y"])
 
 
-@pytest.mark.parametrize("tt, tp", [("float32", "float32"), ("bfloat16", "float32"), ("float16", "bfloat16"),
-                                    ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize("tt, tp", [(t, p) for t in NP for p in NP])
 @pytest.mark.parametrize("with_probs", [True, False])
 def test_moe_bodies(tt, tp, with_probs):
     tokens, topk, hidden = 5, (3 if with_probs else 1), 7
@@ -129,6 +128,21 @@ def test_sfa_forward_without_lse_exports_empty_stats():
     g, feeds = sfa_graph(a, SFA, **dict(c.forward_attrs(), return_softmax_lse=False))
     _, ours, ort_out, _ = _export_and_run(g, feeds)
     assert ort_out["softmax_max"].shape == (0,) and ours["softmax_max"].shape == (0,)
+
+
+def test_onnx_shape_inference_knows_our_ops_after_import_geir():
+    import subprocess
+    import sys
+    code = ("import geir, onnx\n"
+            "from onnx import helper, TensorProto as T\n"
+            "n = helper.make_node('MoeTokenUnpermute', ['p', 's'], ['y'], domain='ai.cann')\n"
+            "g = helper.make_graph([n], 'g', [helper.make_tensor_value_info('p', T.FLOAT, [6, 4]),\n"
+            "    helper.make_tensor_value_info('s', T.INT32, [6])], [helper.make_tensor_value_info('y', T.FLOAT, None)])\n"
+            "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 18), helper.make_opsetid('ai.cann', 1)])\n"
+            "out = onnx.shape_inference.infer_shapes(m, strict_mode=True).graph.output[0]\n"
+            "print([d.dim_value for d in out.type.tensor_type.shape.dim])\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[6, 4]", result.stderr
 
 
 def test_model_structure_opsets_value_info_and_dim_params():
