@@ -14,4 +14,11 @@ def _numpy_runtime() -> Runtime:
     return NumpyRuntime()
 
 
+def _onnxruntime_runtime() -> Runtime:
+    from .onnxruntime import OnnxRuntimeRuntime
+
+    return OnnxRuntimeRuntime()
+
+
 register_runtime("numpy", _numpy_runtime)
+register_runtime("onnxruntime", _onnxruntime_runtime)

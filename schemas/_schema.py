@@ -234,6 +234,8 @@ class OpSchema:
     check: Rule
     validate: Callable[[DataContext], None] | None = None
     """Run-time data validation on the input arrays (indices, lengths); None when the op has none."""
+    validated_inputs: tuple[str, ...] = ()
+    """Inputs whose values ``validate`` reads (of the others it reads only shapes)."""
     domain: str = "ai.cann"
     version: int = 1
     doc: str = ""

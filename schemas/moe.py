@@ -134,6 +134,7 @@ FORWARD = register(OpSchema(
     infer=_forward_infer,
     check=_forward_check,
     validate=lambda ctx: validate_sorted_indices(ctx, "MU-D1"),
+    validated_inputs=("sorted_indices",),
     doc="Gather each token's topK expert rows and sum them weighted by probs.",
 ))
 
@@ -157,5 +158,6 @@ GRAD = register(OpSchema(
     infer=_grad_infer,
     check=_grad_check,
     validate=lambda ctx: validate_sorted_indices(ctx, "MG-D1"),
+    validated_inputs=("sorted_indices",),
     doc="Gradients of MoeTokenUnpermute w.r.t. the permuted rows and the routing probabilities.",
 ))

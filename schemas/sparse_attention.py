@@ -347,6 +347,7 @@ FORWARD = register(OpSchema(
     infer=_forward_infer,
     check=_check,
     validate=_validate,
+    validated_inputs=("sparse_indices", "actual_seq_lengths_query", "actual_seq_lengths_kv"),
     doc="Attention of each query row over the key blocks its sparse_indices list.",
 ))
 
@@ -370,5 +371,6 @@ GRAD = register(OpSchema(
     infer=_grad_infer,
     check=_check,
     validate=_validate,
+    validated_inputs=("sparse_indices", "actual_seq_lengths_query", "actual_seq_lengths_kv"),
     doc="Gradients of SparseFlashAttention w.r.t. query, key, value and the rope parts.",
 ))

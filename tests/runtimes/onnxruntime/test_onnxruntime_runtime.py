@@ -1,0 +1,89 @@
+"""runtime="onnxruntime": parity with the NumPy runtime, data validation of graph inputs, caching."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import geir
+from geir import ExecutionError
+from geir.runtimes import get_runtime
+from helpers import MOE, ROPE, ROPE_GRAD, SFA, moe_grad_graph, moe_graph, random_feeds, rotary_graph, sfa_graph
+from oracles.numerics import assert_within_ulps_of_scale, bits_equal
+from oracles.sfa_cases import SfaCase
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+@pytest.mark.parametrize("op", [ROPE, ROPE_GRAD])
+@pytest.mark.parametrize("mode", range(4))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_rotary_parity_is_bit_exact(op, mode, dtype):
+    g = rotary_graph(op, ("B", 3, 4, 24), (1, 3, 1, 8), dtype, "float32" if op == ROPE and dtype != "float32" else dtype,
+                     rotary_mode=mode, partial_slice=[7, 15])
+    feeds = random_feeds(g, seed=mode, bindings={"B": 2})
+    before = {k: v.copy() for k, v in feeds.items()}
+    ours, theirs = geir.run(g, feeds), geir.run(g, feeds, runtime="onnxruntime")
+    assert bits_equal(theirs["y"], ours["y"])
+    assert all(bits_equal(before[k], feeds[k]) for k in feeds)
+
+
+@pytest.mark.parametrize("tt, tp", [("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float32")])
+def test_moe_parity(tt, tp):
+    rng = np.random.default_rng(0)
+    s = rng.permutation(12).astype(np.int32)
+    g = moe_grad_graph((12, 5), (4, 5), 12, (4, 3), tt, tp)
+    feeds = {"tokens": rng.standard_normal((12, 5)).astype(DTYPES[tt]), "dy": rng.standard_normal((4, 5)).astype(DTYPES[tt]),
+             "indices": s, "probs": rng.uniform(size=(4, 3)).astype(DTYPES[tp])}
+    ours, theirs = geir.run(g, feeds), geir.run(g, feeds, runtime="onnxruntime")
+    assert bits_equal(theirs["ptg"], ours["ptg"])
+    assert_within_ulps_of_scale(theirs["pg"], ours["pg"].astype(np.float64), DTYPES[tp], ulps=2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sfa_parity(dtype):
+    c = SfaCase(layout="TND", mode=3, bs=2, Dr=4, N2=2, N1=4, sinks=True, dtype=dtype, seed=5)
+    a = c.arrays()
+    g, feeds = sfa_graph(a, SFA, **c.forward_attrs())
+    ours, theirs = geir.run(g, feeds), geir.run(g, feeds, runtime="onnxruntime")
+    for name in ours:
+        assert theirs[name].dtype == ours[name].dtype
+        assert_within_ulps_of_scale(theirs[name], ours[name].astype(np.float64), ours[name].dtype, ulps=2, what=name)
+
+
+def test_graph_inputs_are_validated_before_the_run():
+    g = moe_graph(4, 2, 4, (2, 2))
+    feeds = {"tokens": np.ones((4, 2), np.float32), "indices": np.array([0, 1, 1, 3], np.int32),
+             "probs": np.ones((2, 2), np.float32)}
+    with pytest.raises(ExecutionError, match=r"\[MU-D1\] MoeTokenUnpermute 'node': input 1 'sorted_indices' "
+                                             r"positions 1 and 2: .*got 1 twice"):
+        geir.run(g, feeds, runtime="onnxruntime")
+    c = SfaCase(mode=0, K=3)
+    a = c.arrays()
+    a["sparse_indices"][1, 2, 0] = [0, 9, -1]
+    g, feeds = sfa_graph(a, SFA, **dict(c.forward_attrs(), sparse_mode=0))
+    with pytest.raises(ExecutionError, match=r"\[SA-D3\] SparseFlashAttention 'node': input 3 'sparse_indices' row "
+                                             r"\(b=1, s1=2, n2=0\) entry 1"):
+        geir.run(g, feeds, runtime="onnxruntime")
+
+
+def test_feed_errors_and_sessions_are_cached():
+    g = rotary_graph(ROPE_GRAD, (1, 2, 1, 8), (1, 2, 1, 8), rotary_mode=1, partial_slice=[0, 8])
+    runtime = get_runtime("onnxruntime")
+    assert runtime.compile(g) is runtime.compile(g)
+    with pytest.raises(ExecutionError, match="input 'x': expected dtype float32, got float64"):
+        geir.run(g, {"x": np.zeros((1, 2, 1, 8)), "cos": np.zeros((1, 2, 1, 8), np.float32),
+                     "sin": np.zeros((1, 2, 1, 8), np.float32)}, runtime="onnxruntime")
+
+
+def test_symbolic_and_data_dependent_output_shapes():
+    b = geir.GraphBuilder("shapes")
+    x = b.input("x", "float32", ("N", 4))
+    b.output(b.op("Relu", x), "relu")
+    b.output(b.op("NonZero", x), "nz")
+    g = b.build()
+    x_val = np.array([[1, -1, 0, 2], [0, 0, 3, -4], [5, 0, 0, 0]], np.float32)
+    ours, theirs = geir.run(g, {"x": x_val}), geir.run(g, {"x": x_val}, runtime="onnxruntime")
+    assert np.array_equal(theirs["relu"], ours["relu"]) and np.array_equal(theirs["nz"], ours["nz"])
+    assert theirs["nz"].shape == (2, 6)  # six non-zero elements: a size no declared dim gives
