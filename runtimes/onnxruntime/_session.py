@@ -17,6 +17,7 @@ from geir.schemas import DataContext
 
 from .._feeds import validate_feeds
 from ..numpy._parallel import num_threads
+from ._native import native_library
 
 __all__ = ["OnnxRuntimeExecutable", "OnnxRuntimeRuntime"]
 
@@ -32,23 +33,29 @@ class OnnxRuntimeRuntime:
         """One session per graph object, cached: compiling the same graph again is free."""
         if not {"verified", "typed"} <= graph.properties:
             raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
-        executable = _CACHE.get(graph)
-        if executable is None:
-            executable = _CACHE[graph] = OnnxRuntimeExecutable(graph)
-        return executable
+        native = native_library() is not None
+        cached = _CACHE.get(graph)
+        if cached is None or cached.native != native:
+            cached = _CACHE[graph] = OnnxRuntimeExecutable(graph)
+        return cached
 
 
 def session_options() -> ort.SessionOptions:
+    """Intra-op threads as the NumPy runtime uses, sequential execution, our native kernels when proven."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = num_threads()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    library = native_library()
+    if library is not None:
+        options.register_custom_ops_library(library)
     return options
 
 
 class OnnxRuntimeExecutable:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
+        self.native = native_library() is not None
         self.model = to_onnx(graph)
         self.session = ort.InferenceSession(self.model.SerializeToString(), session_options(),
                                             providers=["CPUExecutionProvider"])
