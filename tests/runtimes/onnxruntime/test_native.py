@@ -1,0 +1,180 @@
+"""The native custom-op library: ABI, precedence over function bodies, bit parity, errors, fallback."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import geir
+from geir.runtimes.onnxruntime import native_library, native_status
+from helpers import MOE, MOE_GRAD, ROPE, ROPE_GRAD, moe_grad_graph, moe_graph, random_feeds, rotary_graph
+from oracles.numerics import assert_within_ulps_of_scale, bits_equal
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+FWD_COMBOS = [("float16", "float16"), ("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float32"),
+              ("bfloat16", "float32")]
+GRAD_COMBOS = [(d, c) for d in DTYPES for c in DTYPES]
+
+
+def _calls() -> int:
+    counter = ctypes.CDLL(native_library()).geir_native_calls
+    counter.restype = ctypes.c_long
+    return counter()
+
+
+def test_library_is_built_loaded_and_proven():
+    path = native_library()
+    assert path is not None and path.endswith(".so"), native_status()
+    assert native_status() == f"native kernels: {path}"
+
+
+def test_abi_entries_work_on_the_installed_runtime():
+    """CreateStatus/GetErrorMessage/ReleaseStatus round-trip a message; GetBuildInfoString names the build."""
+    lib = ctypes.CDLL(native_library())
+    buffer = ctypes.create_string_buffer(512)
+    assert lib.geir_probe_abi(buffer, 512) == 1
+    assert buffer.value.startswith(b"ORT Build Info")
+
+
+@pytest.mark.parametrize("mode", range(4))
+@pytest.mark.parametrize("op, dtype, cos_dtype", [(ROPE, d, c) for d, c in FWD_COMBOS]
+                         + [(ROPE_GRAD, d, c) for d, c in GRAD_COMBOS])
+def test_rotary_native_is_bit_identical_for_every_broadcast_pattern(op, mode, dtype, cos_dtype):
+    shape, pslice = (2, 3, 4, 21), (5, 13)
+    for keep in itertools.product((False, True), repeat=3):
+        cos_shape = tuple(d if k else 1 for d, k in zip(shape[:3], keep)) + (8,)
+        g = rotary_graph(op, shape, cos_shape, dtype, cos_dtype, rotary_mode=mode, partial_slice=list(pslice))
+        feeds = random_feeds(g, seed=sum(keep) + mode)
+        before = _calls()
+        theirs = geir.run(g, feeds, runtime="onnxruntime")["y"]
+        assert _calls() > before                       # the native kernel ran, not the function body
+        assert bits_equal(theirs, geir.run(g, feeds)["y"]), keep
+
+
+@pytest.mark.parametrize("pslice", [(0, 0), (7, 71), (0, 128), (124, 128)])
+def test_rotary_native_slices(pslice):
+    for op in (ROPE, ROPE_GRAD):
+        length = pslice[1] - pslice[0]
+        g = rotary_graph(op, (1, 3, 2, 128), (1, 3, 1, length or 4), "bfloat16", rotary_mode=1, partial_slice=list(pslice))
+        feeds = random_feeds(g, seed=1)
+        assert bits_equal(geir.run(g, feeds, runtime="onnxruntime")["y"], geir.run(g, feeds)["y"])
+
+
+@pytest.mark.parametrize("tt, tp", [(t, p) for t in DTYPES for p in DTYPES])
+def test_moe_native_parity(tt, tp):
+    rng = np.random.default_rng(0)
+    s = rng.permutation(12).astype(np.int32)
+    probs = rng.uniform(-1, 1, (4, 3)).astype(DTYPES[tp])
+    probs[1, 2] = 0
+    feeds = {"tokens": rng.standard_normal((10, 5)).astype(DTYPES[tt]), "indices": s, "probs": probs}
+    g = moe_graph(10, 5, 12, (4, 3), tt, tp)          # two dropped slots (rows 10, 11)
+    before = _calls()
+    ours, theirs = geir.run(g, feeds)["y"], geir.run(g, feeds, runtime="onnxruntime")["y"]
+    assert _calls() > before and bits_equal(theirs, ours)
+    g = moe_grad_graph((12, 5), (4, 5), 12, (4, 3), tt, tp)
+    feeds = {"tokens": rng.standard_normal((12, 5)).astype(DTYPES[tt]), "dy": rng.standard_normal((4, 5)).astype(DTYPES[tt]),
+             "indices": s, "probs": probs}
+    ours, theirs = geir.run(g, feeds), geir.run(g, feeds, runtime="onnxruntime")
+    assert bits_equal(theirs["ptg"], ours["ptg"])
+    assert_within_ulps_of_scale(theirs["pg"], ours["pg"].astype(np.float64), DTYPES[tp], ulps=2)
+
+
+@pytest.mark.parametrize("tt", list(DTYPES))
+def test_moe_native_without_probs(tt):
+    rng = np.random.default_rng(1)
+    s = rng.permutation(6).astype(np.int32)
+    feeds = {"tokens": rng.standard_normal((6, 4)).astype(DTYPES[tt]), "indices": s}
+    g = moe_graph(6, 4, 6, None, tt)
+    assert bits_equal(geir.run(g, feeds, runtime="onnxruntime")["y"], geir.run(g, feeds)["y"])
+    g = moe_grad_graph(None, (6, 4), 6, None, tt)
+    feeds = {"dy": feeds["tokens"], "indices": s}
+    ours, theirs = geir.run(g, feeds), geir.run(g, feeds, runtime="onnxruntime")
+    assert bits_equal(theirs["ptg"], ours["ptg"]) and bits_equal(theirs["pg"], ours["pg"])
+
+
+def _run_isolated(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+
+
+def test_bad_shapes_reaching_a_kernel_raise_not_crash():
+    """A model that bypasses geir's checks: the kernel returns an ONNX Runtime error, the process lives on."""
+    result = _run_isolated("""
+        import numpy as np, onnxruntime as ort
+        from onnx import helper, TensorProto as T
+        from geir.runtimes.onnxruntime import native_library
+        node = helper.make_node("InplacePartialRotaryMulGrad", ["x", "c", "c"], ["y"], domain="ai.cann",
+                                rotary_mode=1, partial_slice=[0, 8])
+        graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info("x", T.FLOAT, [1, 1, 1, 8]),
+                                  helper.make_tensor_value_info("c", T.FLOAT, [1, 1, 1, 6])],
+                                  [helper.make_tensor_value_info("y", T.FLOAT, [1, 1, 1, 8])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.cann", 1)])
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(native_library())
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        try:
+            session.run(None, {"x": np.zeros((1, 1, 1, 8), np.float32), "c": np.zeros((1, 1, 1, 6), np.float32)})
+        except Exception as exc:
+            print("raised:", exc)
+        node = helper.make_node("MoeTokenUnpermute", ["p", "s"], ["y"], domain="ai.cann")
+        graph = helper.make_graph([node], "bad2", [helper.make_tensor_value_info("p", T.FLOAT, [3, 2]),
+                                  helper.make_tensor_value_info("s", T.INT32, [3])],
+                                  [helper.make_tensor_value_info("y", T.FLOAT, [3, 2])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.cann", 1)])
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        try:
+            session.run(None, {"p": np.zeros((3, 2), np.float32), "s": np.array([0, 7, 1], np.int32)})
+        except Exception as exc:
+            print("raised:", exc)
+        print("alive")
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "alive"
+    assert "InplacePartialRotaryMulGrad (geir native kernel): cos dim 3 is 6, expected the slice length 8" in result.stdout
+    assert "MoeTokenUnpermute (geir native kernel): sorted_indices position 1: expected a value in [0, 3), got 7" \
+        in result.stdout
+
+
+def test_geir_native_0_runs_the_function_bodies():
+    result = _run_isolated("""
+        import numpy as np, geir
+        from geir.runtimes.onnxruntime import native_library, native_status
+        b = geir.GraphBuilder("g")
+        x = b.input("x", "bfloat16", (2, 3, 4, 16))
+        c = b.input("c", "bfloat16", (1, 3, 1, 16))
+        b.output(b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=3, partial_slice=[0, 16]), "y")
+        g = b.build()
+        rng = np.random.default_rng(0)
+        import ml_dtypes
+        feeds = {"x": rng.standard_normal((2, 3, 4, 16)).astype(ml_dtypes.bfloat16),
+                 "c": rng.uniform(-1, 1, (1, 3, 1, 16)).astype(ml_dtypes.bfloat16)}
+        same = np.array_equal(geir.run(g, feeds, runtime="onnxruntime")["y"].view(np.uint16),
+                              geir.run(g, feeds)["y"].view(np.uint16))
+        print(native_library(), native_status(), same)
+    """, env={"GEIR_NATIVE": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "None function bodies only (disabled by GEIR_NATIVE=0) True"
+
+
+def test_unbuildable_library_falls_back_and_says_so_once():
+    result = _run_isolated("""
+        import warnings
+        warnings.simplefilter("always")
+        import numpy as np, geir
+        from geir.runtimes.onnxruntime import native_library, native_status
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first, second = native_library(), native_library()
+        print(first, second, len(caught), native_status())
+    """, env={"CC": "/bin/false", "GEIR_CACHE_DIR": "/tmp/geir-test-cache-empty"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("None None 1 function bodies only (RuntimeError: /bin/false failed")
