@@ -1,11 +1,14 @@
-"""``geir bench``: time the runtimes against the machine's copy bandwidth and a naive NumPy formula.
+"""``geir bench``: every op on both runtimes, side by side with the peers a user would otherwise use.
 
-All timings of one table come from one run (best of ``repeat``), so ratios are meaningful
-even on a shared machine whose absolute speed drifts.
+Memory-bound ops are compared with ``np.copyto`` of the bytes they must move (effective GB/s),
+attention with a float32 matrix multiply of comparable size (GFLOP/s); PyTorch CPU eager runs
+the same math when it is installed. All timings of a table come from one run (best of
+``repeat``), so the ratios hold on a shared machine whose absolute speed drifts.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +21,12 @@ from geir.runtimes import get_runtime
 
 from ._table import format_table
 
+EXPERTS = 64
+HEADERS = ("op", "case", "implementation", "ms", "throughput", "vs baseline")
+
 
 def best_time(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm up: page in buffers, first-call costs
+    fn()  # warm up: page in buffers, first-call costs, session creation
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
@@ -29,23 +35,45 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 @dataclass
-class RotaryBenchCase:
-    label: str
-    dtype: str
-    shape: tuple[int, int, int, int]
-    partial_slice: tuple[int, int]
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(0)
-        np_dt = geir.as_dtype(self.dtype).numpy
-        length = self.partial_slice[1] - self.partial_slice[0]
-        table = (1, self.shape[1], 1, length)
-        return {"dy": rng.standard_normal(self.shape, np.float32).astype(np_dt),
-                "cos": rng.standard_normal(table, np.float32).astype(np_dt),
-                "sin": rng.standard_normal(table, np.float32).astype(np_dt)}
+class Measurement:
+    op: str
+    case: str
+    name: str
+    fn: Callable[[], object]
+    work: float                     # bytes moved or flops
+    unit: str                       # "GB/s" or "GFLOP/s"
+    baseline: bool = False
 
 
+def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
+    b = geir.GraphBuilder(name)
+    inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}   # feeds are keyed by input name
+    results = getattr(b, op)(**inputs, **attrs)
+    for value, out_name in zip(results if isinstance(results, tuple) else (results,), outputs):
+        if value is not None:
+            b.output(value, out_name)
+    graph = b.build()
+    return {r: get_runtime(r).compile(graph) for r in (runtime,)}[runtime]
+
+
+def _runtimes(op: str, case: str, feeds, outputs, work: float, unit: str, name: str, **attrs) -> list[Measurement]:
+    rows = []
+    for runtime in ("numpy", "onnxruntime"):
+        executable = _compile(runtime, name, op, feeds, outputs, **attrs)
+        rows.append(Measurement(op, case, f"geir {runtime}", lambda e=executable: e.run(feeds), work, unit))
+    return rows
+
+
+# -- rotary --------------------------------------------------------------------------------------
 def naive_rotary_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, start: int, end: int) -> np.ndarray:
     """The spec's formula for mode 1 written the obvious NumPy way (full-size temporaries)."""
     out = dy.copy()
@@ -59,47 +87,56 @@ def naive_rotary_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, start: i
     return out
 
 
-def _memory_bound_rows(label: str, moved: int, timings: list[tuple[str, Callable[[], object]]],
-                       repeat: int) -> list[tuple[str, ...]]:
-    """Time each implementation; ratios are to the first (the copy of the same bytes)."""
-    times = [(name, best_time(fn, repeat)) for name, fn in timings]
-    t_copy = times[0][1]
-    return [(label, name, f"{t * 1e3:.2f}", f"{moved / t / 1e9:.2f}", f"{t / t_copy:.2f}x") for name, t in times]
+def torch_rotary_grad(torch, dy, cos, sin, start: int, end: int):
+    out = dy.clone()
+    g, c, n = dy[..., start:end].float(), cos.float(), sin.float()
+    y = torch.empty_like(g)
+    y[..., 0::2] = c[..., 0::2] * g[..., 0::2] + n[..., 1::2] * g[..., 1::2]
+    y[..., 1::2] = c[..., 1::2] * g[..., 1::2] - n[..., 0::2] * g[..., 0::2]
+    out[..., start:end] = y.to(dy.dtype)
+    return out
 
 
-def _compile_one_node(name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
-    b = geir.GraphBuilder(name)
-    inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}   # feeds are keyed by input name
-    results = getattr(b, op)(**inputs, **attrs)
-    for value, out_name in zip(results if isinstance(results, tuple) else (results,), outputs):
-        b.output(value, out_name)
-    return get_runtime("numpy").compile(b.build())
+def _as_torch(torch, array: np.ndarray):
+    import ml_dtypes
+
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
 
 
-HEADERS = ("case", "implementation", "ms", "effective GB/s", "vs copy")
+def rotary_measurements(quick: bool) -> list[Measurement]:
+    cases = [("float32", (4, 2048, 32, 128), (0, 128)), ("bfloat16", (1, 4096, 128, 192), (128, 192))]
+    rows: list[Measurement] = []
+    torch = _torch()
+    for dtype, shape, pslice in cases:
+        if quick:
+            shape = (1, 64) + shape[2:]
+        rng = np.random.default_rng(0)
+        np_dt = geir.as_dtype(dtype).numpy
+        table = (1, shape[1], 1, pslice[1] - pslice[0])
+        feeds = {"dy": rng.standard_normal(shape, np.float32).astype(np_dt),
+                 "cos": rng.standard_normal(table, np.float32).astype(np_dt),
+                 "sin": rng.standard_normal(table, np.float32).astype(np_dt)}
+        dy, dst = feeds["dy"], np.empty_like(feeds["dy"])
+        moved = 2 * dy.nbytes
+        case = f"{list(shape)} {dtype} slice {list(pslice)}"
+        op = "InplacePartialRotaryMulGrad"
+        rows.append(Measurement(op, case, "np.copyto(dy)", lambda: np.copyto(dst, dy), moved, "GB/s", baseline=True))
+        rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", rotary_mode=1, partial_slice=list(pslice))
+        rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_rotary_grad(*feeds.values(), *pslice),
+                                moved, "GB/s"))
+        if torch is not None:
+            t_args = [_as_torch(torch, a) for a in feeds.values()]
+            rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_rotary_grad(torch, *t_args, *pslice),
+                                    moved, "GB/s"))
+        fwd = {"x": dy, "cos": feeds["cos"].astype(np.float32), "sin": feeds["sin"].astype(np.float32)}
+        rows += _runtimes("InplacePartialRotaryMul", case, fwd, ("y",), moved, "GB/s", "rope", rotary_mode=1,
+                          partial_slice=list(pslice))
+    return rows
 
 
-def bench_rotary(quick: bool = False, repeat: int = 5) -> str:
-    cases = [RotaryBenchCase("full slice", "float32", (4, 2048, 32, 128), (0, 128)),
-             RotaryBenchCase("slice [128,192)", "bfloat16", (1, 4096, 128, 192), (128, 192))]
-    if quick:
-        cases = [RotaryBenchCase(c.label, c.dtype, (1, 64, c.shape[2], c.shape[3]), c.partial_slice) for c in cases]
-    rows = []
-    for case in cases:
-        feeds = case.arrays()
-        dy = feeds["dy"]
-        executable = _compile_one_node("rope_grad_bench", "InplacePartialRotaryMulGrad", feeds, ("dx",),
-                                       rotary_mode=1, partial_slice=list(case.partial_slice))
-        dst = np.empty_like(dy)
-        rows += _memory_bound_rows(f"{list(case.shape)} {case.dtype} {case.label}", 2 * dy.nbytes, [
-            ("np.copyto(dy)", lambda: np.copyto(dst, dy)),
-            ("geir numpy runtime", lambda: executable.run(feeds)),
-            ("naive NumPy formula", lambda: naive_rotary_grad(dy, feeds["cos"], feeds["sin"], *case.partial_slice)),
-        ], repeat)
-    title = "InplacePartialRotaryMulGrad, mode 1 (bytes moved = read dy + write dx; target: geir <= 4x copy)"
-    return title + "\n" + format_table(HEADERS, rows)
-
-
+# -- MoE -------------------------------------------------------------------------------------------
 def naive_moe_grad(tokens: np.ndarray, grad: np.ndarray, indices: np.ndarray, probs: np.ndarray):
     """The spec's formula written the obvious NumPy way (full-size float32 temporaries)."""
     n, topk = probs.shape
@@ -110,42 +147,49 @@ def naive_moe_grad(tokens: np.ndarray, grad: np.ndarray, indices: np.ndarray, pr
     return out, pg.astype(probs.dtype)
 
 
-EXPERTS = 64
+def torch_moe_grad(torch, tokens, grad, indices, probs):
+    n, topk = probs.shape
+    rows = indices.long()
+    out = torch.empty(indices.numel(), grad.shape[1], dtype=grad.dtype)
+    out[rows] = (grad.float()[:, None, :] * probs.float()[:, :, None]).reshape(indices.numel(), -1).to(grad.dtype)
+    pg = (tokens.float()[rows.view(n, topk)] * grad.float()[:, None, :]).sum(-1)
+    return out, pg.to(probs.dtype)
 
 
-def bench_moe(quick: bool = False, repeat: int = 5) -> str:
-    """Grad with probs on realistic routing: sorted_indices from a stable sort of random top-K expert ids.
-
-    Two copy baselines: into a reused buffer (pure bandwidth) and into a fresh one (what any op
-    that returns a new output also pays: the kernel zeroes and maps its pages on first touch).
-    """
+def moe_measurements(quick: bool) -> list[Measurement]:
     tokens, topk, hidden = (512, 8, 256) if quick else (8192, 8, 1024)
-    rows = []
+    rows: list[Measurement] = []
+    torch = _torch()
     for dtype in ("float32", "bfloat16"):
         rng = np.random.default_rng(0)
         np_dt = geir.as_dtype(dtype).numpy
-        experts = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :topk]  # top-K routing, distinct experts
+        experts = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :topk]  # realistic routing
         feeds = {"permuted_tokens": rng.standard_normal((tokens * topk, hidden), np.float32).astype(np_dt),
                  "unpermuted_tokens_grad": rng.standard_normal((tokens, hidden), np.float32).astype(np_dt),
                  "sorted_indices": sorted_indices_from_expert_ids(experts),
                  "probs": rng.uniform(0, 1, (tokens, topk)).astype(np_dt)}
-        executable = _compile_one_node("moe_grad_bench", "MoeTokenUnpermuteGrad", feeds,
-                                       ("permuted_tokens_grad", "probs_grad"))
         moved = 2 * feeds["permuted_tokens"].nbytes + feeds["unpermuted_tokens_grad"].nbytes
-        src = np.empty(moved // 2, np.uint8)
-        src[:] = 1
+        src = np.ones(moved // 2, np.uint8)
         dst = np.empty_like(src)
-        rows += _memory_bound_rows(f"T={tokens} K={topk} H={hidden} {dtype}", moved, [
-            ("np.copyto of the same bytes", lambda: np.copyto(dst, src)),
-            ("same, into a fresh buffer", lambda: np.copyto(np.empty_like(src), src)),
-            ("geir numpy runtime", lambda: executable.run(feeds)),
-            ("naive NumPy formula", lambda: naive_moe_grad(*feeds.values())),
-        ], repeat)
-    title = ("MoeTokenUnpermuteGrad with probs (bytes moved = read permuted_tokens and dY, write "
-             "permuted_tokens_grad; target: geir <= 3x copy)")
-    return title + "\n" + format_table(HEADERS, rows)
+        case = f"T={tokens} K={topk} H={hidden} {dtype}"
+        op = "MoeTokenUnpermuteGrad"
+        rows.append(Measurement(op, case, "np.copyto of the same bytes", lambda: np.copyto(dst, src), moved, "GB/s",
+                                baseline=True))
+        rows.append(Measurement(op, case, "same, into a fresh buffer", lambda: np.copyto(np.empty_like(src), src),
+                                moved, "GB/s"))
+        rows += _runtimes(op, case, feeds, ("permuted_tokens_grad", "probs_grad"), moved, "GB/s", "moe_grad")
+        rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_moe_grad(*feeds.values()), moved, "GB/s"))
+        if torch is not None:
+            t_args = [_as_torch(torch, a) for a in feeds.values()]
+            rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_moe_grad(torch, *t_args), moved, "GB/s"))
+        fwd = {"permuted_tokens": feeds["permuted_tokens"], "sorted_indices": feeds["sorted_indices"],
+               "probs": feeds["probs"]}
+        rows += _runtimes("MoeTokenUnpermute", case, fwd, ("y",), feeds["permuted_tokens"].nbytes +
+                          feeds["unpermuted_tokens_grad"].nbytes, "GB/s", "moe")
+    return rows
 
 
+# -- sparse flash attention --------------------------------------------------------------------------
 def sfa_bench_feeds(batch: int, seq_q: int, seq_kv: int, heads: int, topk: int, d: int, dr: int,
                     dtype: str = "float16") -> dict[str, np.ndarray]:
     """BSND inputs with ``topk`` distinct random keys per query row (sparse_mode 0: all of them count)."""
@@ -158,40 +202,89 @@ def sfa_bench_feeds(batch: int, seq_q: int, seq_kv: int, heads: int, topk: int, 
             "query_rope": normal(batch, seq_q, heads, dr), "key_rope": normal(batch, seq_kv, 1, dr)}
 
 
-def bench_sfa(quick: bool = False, repeat: int = 3) -> str:
-    """SparseFlashAttentionGrad at the issue's shape; GFLOP/s against a float32 matmul of comparable size.
+def torch_sfa_grad(torch, f: dict, scale: float):
+    """The grad's math for B=1, N2=1, block 1, sparse_mode 0 in PyTorch eager (gather, bmm, index_add)."""
+    q = torch.cat([f["query"], f["query_rope"]], -1).float()[0]                  # (S1, N1, Dq)
+    k = torch.cat([f["key"], f["key_rope"]], -1).float()[0, :, 0]                # (S2, Dq)
+    v = f["value"].float()[0, :, 0]
+    rows = f["sparse_indices"][0, :, 0].long()                                  # (S1, K)
+    kg, vg = k[rows], v[rows]
+    scores = torch.bmm(q, kg.transpose(1, 2)) * scale
+    m, l = f["softmax_max"][0, 0][..., None], f["softmax_sum"][0, 0][..., None]  # (S1, N1, 1)
+    p = torch.exp(scores - m) / l
+    d_o, o = f["d_out"].float()[0], f["out"].float()[0]
+    dt = f["query"].dtype
+    d_v = torch.bmm(p.to(dt).float().transpose(1, 2), d_o)
+    d_s = p * (torch.bmm(d_o, vg.transpose(1, 2)) - (d_o * o).sum(-1, keepdim=True))
+    d_s = d_s.to(dt).float()
+    d_q = scale * torch.bmm(d_s, kg)
+    d_k = torch.zeros_like(k).index_add_(0, rows.reshape(-1), (scale * torch.bmm(d_s.transpose(1, 2), q)).reshape(
+        -1, k.shape[1]))
+    d_vv = torch.zeros_like(v).index_add_(0, rows.reshape(-1), d_v.reshape(-1, v.shape[1]))
+    return d_q.to(dt), d_k.to(dt), d_vv.to(dt)
 
-    FLOPs count only selected keys: 2 * Ksel * (3 * Dqk + 2 * Dv) per query token and head.
-    """
+
+def sfa_measurements(quick: bool) -> list[Measurement]:
     batch, seq_q, seq_kv, heads, topk, d, dr = (1, 64, 512, 16, 64, 128, 64) if quick else (1, 512, 2048, 16, 256, 128, 64)
     feeds = sfa_bench_feeds(batch, seq_q, seq_kv, heads, topk, d, dr)
     scale = float(np.float32(1 / np.sqrt(d + dr)))
-    forward = _compile_one_node("sfa_fwd", "SparseFlashAttention", feeds, ("out", "softmax_max", "softmax_sum"),
-                                scale_value=scale, sparse_mode=0, return_softmax_lse=True)
+    attrs = dict(scale_value=scale, sparse_mode=0)
+    forward = _compile("numpy", "sfa_fwd", "SparseFlashAttention", feeds, ("out", "softmax_max", "softmax_sum"),
+                       return_softmax_lse=True, **attrs)
     out = forward.run(feeds)
     grad_feeds = {"query": feeds["query"], "key": feeds["key"], "sparse_indices": feeds["sparse_indices"],
                   "d_out": np.ones_like(out["out"]), "out": out["out"], "softmax_max": out["softmax_max"],
                   "softmax_sum": out["softmax_sum"], "value": feeds["value"], "query_rope": feeds["query_rope"],
                   "key_rope": feeds["key_rope"]}
-    grad = _compile_one_node("sfa_grad", "SparseFlashAttentionGrad", grad_feeds,
-                             ("d_query", "d_key", "d_value", "d_query_rope", "d_key_rope"), scale_value=scale,
-                             sparse_mode=0)
-    dqk, dv, rows = d + dr, d, batch * seq_q * heads
-    grad_flops = 2 * topk * (3 * dqk + 2 * dv) * rows
-    forward_flops = 2 * topk * (dqk + dv) * rows
+    dqk, dv, rows_total = d + dr, d, batch * seq_q * heads
+    grad_flops = 2 * topk * (3 * dqk + 2 * dv) * rows_total
+    forward_flops = 2 * topk * (dqk + dv) * rows_total
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((rows, dqk), np.float32)
+    a = rng.standard_normal((rows_total, dqk), np.float32)
     b = rng.standard_normal((dqk, topk), np.float32)
-    t_matmul = best_time(lambda: a @ b, repeat)
-    matmul_rate = 2 * rows * dqk * topk / t_matmul
-    timings = [("float32 matmul (S1*N1 x Dqk) @ (Dqk x K)", t_matmul, 2 * rows * dqk * topk),
-               ("geir numpy runtime, grad", best_time(lambda: grad.run(grad_feeds), repeat), grad_flops),
-               ("geir numpy runtime, forward", best_time(lambda: forward.run(feeds), repeat), forward_flops)]
-    label = f"B={batch} S1={seq_q} S2={seq_kv} N1={heads} K={topk} D={d} Dr={dr} float16"
-    rows_out = [(label, name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}", f"{flops / t / matmul_rate:.0%}")
-                for name, t, flops in timings]
-    title = "SparseFlashAttention(Grad), BSND, block 1, sparse_mode 0 (target: grad >= 30% of the matmul rate)"
-    return title + "\n" + format_table(("case", "implementation", "ms", "GFLOP/s", "vs matmul"), rows_out)
+    case = f"B={batch} S1={seq_q} S2={seq_kv} N1={heads} K={topk} D={d} Dr={dr} float16"
+    rows = [Measurement("SparseFlashAttentionGrad", case, "float32 matmul (S1*N1 x Dqk) @ (Dqk x K)", lambda: a @ b,
+                        2 * rows_total * dqk * topk, "GFLOP/s", baseline=True)]
+    rows += _runtimes("SparseFlashAttentionGrad", case, grad_feeds,
+                      ("d_query", "d_key", "d_value", "d_query_rope", "d_key_rope"), grad_flops, "GFLOP/s", "sfa_grad",
+                      **attrs)
+    torch = _torch()
+    if torch is not None:
+        t_feeds = {k: _as_torch(torch, v) for k, v in grad_feeds.items()}
+        rows.append(Measurement("SparseFlashAttentionGrad", case, "PyTorch eager", lambda: torch_sfa_grad(
+            torch, t_feeds, scale), grad_flops, "GFLOP/s"))
+    rows += _runtimes("SparseFlashAttention", case, feeds, ("out", "softmax_max", "softmax_sum"), forward_flops,
+                      "GFLOP/s", "sfa", return_softmax_lse=True, **attrs)
+    return rows
 
 
-BENCHES: dict[str, Callable[..., str]] = {"rotary": bench_rotary, "moe": bench_moe, "sfa": bench_sfa}
+SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
+    "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements}
+BENCHES = SUITES
+
+
+def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=sys.stderr) -> str:
+    """Measure the suites, with a progress bar on ``progress``; return one table."""
+    plan: list[Measurement] = []
+    for name in names:
+        plan += SUITES[name](quick)
+    rows, baseline = [], None
+    for i, m in enumerate(plan, 1):
+        if progress is not None:
+            done = int(30 * i / len(plan))
+            progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: {m.name[:40]:<40}")
+            progress.flush()
+        t = best_time(m.fn, repeat)
+        if m.baseline:
+            baseline = (m.case, t)
+        ratio = f"{t / baseline[1]:.2f}x" if baseline is not None and baseline[0] == m.case else "-"
+        rows.append((m.op, m.case, m.name, f"{t * 1e3:.2f}", f"{m.work / t / 1e9:.2f} {m.unit}", ratio))
+    if progress is not None:
+        progress.write("\n")
+    from geir.runtimes.onnxruntime import native_status
+
+    notes = [f"onnxruntime: {native_status()}",
+             "PyTorch eager: " + ("torch " + _torch().__version__ if _torch() is not None else "not installed"),
+             "vs baseline: np.copyto of the same bytes (memory-bound ops) or the float32 matmul (attention); "
+             "targets: native rotary/MoE grad <= 1.3x copy, faster than PyTorch eager"]
+    return "\n".join(notes) + "\n" + format_table(HEADERS, rows)

@@ -12,9 +12,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "ops-transformer training operators.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the spec's graph-mode examples and compare with expected values")
-    demo.add_argument("--runtime", default="numpy", help="runtime to run on (default: numpy)")
-    bench = commands.add_parser("bench", help="benchmark ops against copy bandwidth and plain NumPy")
-    bench.add_argument("suite", nargs="*", help="benchmarks to run (default: all): rotary, moe, sfa")
+    demo.add_argument("--runtime", choices=("numpy", "onnxruntime"), default=None,
+                      help="run on one runtime only (default: both, side by side)")
+    bench = commands.add_parser("bench", help="benchmark every op on both runtimes against copy bandwidth, a matmul, "
+                                 "plain NumPy and PyTorch eager")
+    bench.add_argument("suite", nargs="*", help="suites to run (default: all): rotary, moe, sfa")
     bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     bench.add_argument("--repeat", type=int, default=5, help="timed repetitions; the best is reported")
     args = parser.parse_args(argv)
@@ -23,14 +25,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .demo import run_demo
 
         return 1 if run_demo(args.runtime) else 0
-    from .bench import BENCHES
+    from .bench import SUITES, run_benchmarks
 
-    unknown = [s for s in args.suite if s not in BENCHES]
+    unknown = [s for s in args.suite if s not in SUITES]
     if unknown:
-        parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")
-    for name in args.suite or sorted(BENCHES):
-        print(BENCHES[name](quick=args.quick, repeat=args.repeat))
-        print()
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")
+    print(run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat))
     return 0
 
 

@@ -101,9 +101,9 @@ static inline float bf16_to_f32(uint16_t h) {
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN -> sign | 0x7fc0 */
   uint32_t u;
   memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x7fc0u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t nan = (u >> 16) | 0x7fc0u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 static inline float f16_to_f32_scalar(uint16_t h) {
@@ -246,38 +246,76 @@ typedef struct {
   int64_t length, rows_per_task, rows, cb, cs, cn;
   int* partner;
   float* sign;
-  int* read_perm;  /* forward mode 3: de-interleave */
-  int* write_perm; /* grad mode 3: interleave */
 } RotaryJob;
+
+/* y[i] = c[i] * g[i] + m[i] * g[partner(i)] over the slice, in the pair layout of the mode; the
+ * partner of a position is a fixed offset within contiguous segments, so every loop is a plain
+ * vectorisable pass (the two products and the sum are rounded as the NumPy kernel rounds them). */
+static void rotary_row(int64_t mode, int64_t L, const float* c, const float* m, const float* g, float* y) {
+  if (mode == 1) {
+    for (int64_t i = 0; i < L; i += 2) {
+      float a = c[i] * g[i], b = m[i] * g[i + 1];
+      float d = c[i + 1] * g[i + 1], e = m[i + 1] * g[i];
+      y[i] = a + b;
+      y[i + 1] = d + e;
+    }
+    return;
+  }
+  int64_t seg = mode == 2 ? L / 4 : L / 2; /* pairs (i, i + seg) inside each block of 2 * seg */
+  for (int64_t base = 0; base < L; base += 2 * seg) {
+    const float *c0 = c + base, *m0 = m + base, *g0 = g + base;
+    float* y0 = y + base;
+    for (int64_t i = 0; i < seg; i++) {
+      float a = c0[i] * g0[i], b = m0[i] * g0[i + seg];
+      y0[i] = a + b;
+    }
+    for (int64_t i = seg; i < 2 * seg; i++) {
+      float a = c0[i] * g0[i], b = m0[i] * g0[i - seg];
+      y0[i] = a + b;
+    }
+  }
+}
 
 static void rotary_task(void* user, size_t task) {
   RotaryJob* j = (RotaryJob*)user;
-  int64_t d = j->x.dims[3], L = j->length, s = j->k->start;
+  const RotaryKernel* k = j->k;
+  int64_t d = j->x.dims[3], L = j->length, s = k->start, h = L / 2;
   int64_t S = j->x.dims[1], N = j->x.dims[2];
   size_t xs = elem_size(j->x.type), cs = elem_size(j->cos.type);
-  float buf[4 * 1024 + 16];
-  float *g = buf, *c = buf + L, *n = buf + 2 * L, *y = buf + 3 * L;
-  int64_t first = (int64_t)task * j->rows_per_task, last = first + j->rows_per_task;
+  float buf[6 * 1024];
+  float *g = buf, *c = buf + 1024, *n = buf + 2 * 1024, *m = buf + 3 * 1024, *y = buf + 4 * 1024, *t = buf + 5 * 1024;
+  int64_t first = (int64_t)task * j->rows_per_task, last = first + j->rows_per_task, table_row = -1;
   if (last > j->rows) last = j->rows;
   for (int64_t row = first; row < last; row++) {
-    int64_t b = row / (S * N), sidx = (row / N) % S, h = row % N;
-    int64_t crow = ((j->cb == 1 ? 0 : b) * j->cs + (j->cs == 1 ? 0 : sidx)) * j->cn + (j->cn == 1 ? 0 : h);
+    int64_t b = row / (S * N), sidx = (row / N) % S, hd = row % N;
+    int64_t crow = ((j->cb == 1 ? 0 : b) * j->cs + (j->cs == 1 ? 0 : sidx)) * j->cn + (j->cn == 1 ? 0 : hd);
+    if (crow != table_row) { /* c and m = (grad ? sign * sin[partner] : -sign * sin), once per table row */
+      load_f32((const char*)j->cos.data + (size_t)crow * L * cs, j->cos.type, c, (size_t)L);
+      load_f32((const char*)j->sin.data + (size_t)crow * L * cs, j->cos.type, n, (size_t)L);
+      for (int64_t i = 0; i < L; i++) m[i] = k->grad ? j->sign[i] * n[j->partner[i]] : -j->sign[i] * n[i];
+      table_row = crow;
+    }
     const char* src = (const char*)j->x.data + (size_t)row * d * xs;
     char* dst = (char*)j->out.data + (size_t)row * d * xs;
     if (dst != src) {
       memcpy(dst, src, (size_t)s * xs);
-      memcpy(dst + (size_t)j->k->end * xs, src + (size_t)j->k->end * xs, (size_t)(d - j->k->end) * xs);
+      memcpy(dst + (size_t)k->end * xs, src + (size_t)k->end * xs, (size_t)(d - k->end) * xs);
     }
-    load_f32(src + (size_t)s * xs, j->x.type, y, (size_t)L);
-    for (int64_t i = 0; i < L; i++) g[i] = y[j->read_perm[i]];
-    load_f32((const char*)j->cos.data + (size_t)crow * L * cs, j->cos.type, c, (size_t)L);
-    load_f32((const char*)j->sin.data + (size_t)crow * L * cs, j->cos.type, n, (size_t)L);
-    for (int64_t i = 0; i < L; i++) {
-      int p = j->partner[i];
-      float m = j->k->grad ? j->sign[i] * n[p] : -j->sign[i] * n[i];
-      float first_term = c[i] * g[i];
-      float second_term = m * g[p];
-      y[j->write_perm[i]] = first_term + second_term;
+    load_f32(src + (size_t)s * xs, j->x.type, g, (size_t)L);
+    if (k->mode == 3 && !k->grad) { /* forward mode 3 reads the interleaved layout */
+      for (int64_t i = 0; i < h; i++) {
+        t[i] = g[2 * i];
+        t[h + i] = g[2 * i + 1];
+      }
+      rotary_row(0, L, c, m, t, y);
+    } else if (k->mode == 3) { /* grad mode 3 writes the interleaved layout */
+      rotary_row(0, L, c, m, g, t);
+      for (int64_t i = 0; i < h; i++) {
+        y[2 * i] = t[i];
+        y[2 * i + 1] = t[h + i];
+      }
+    } else {
+      rotary_row(k->mode, L, c, m, g, y);
     }
     store_f32(y, j->x.type, dst + (size_t)s * xs, (size_t)L);
   }
@@ -325,7 +363,7 @@ static OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
   if (j.length > 1024) return error(op, "slice length %ld exceeds the native kernel's 1024", (long)j.length, 0, 0);
   if (j.x.type != j.out.type) return error(op, "output type %ld differs from input type %ld", j.out.type, j.x.type, 0);
   int64_t L = j.length, h = L / 2, q = L / 4;
-  int partner[1024], read_perm[1024], write_perm[1024];
+  int partner[1024];
   float sign[1024];
   for (int64_t i = 0; i < L; i++) {
     int64_t p, first;
@@ -342,19 +380,15 @@ static OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
     }
     partner[i] = (int)p;
     sign[i] = first ? 1.0f : -1.0f;
-    read_perm[i] = (int)((k->mode == 3 && !k->grad) ? (i < h ? 2 * i : 2 * (i - h) + 1) : i);
-    write_perm[i] = (int)((k->mode == 3 && k->grad) ? (i < h ? 2 * i : 2 * (i - h) + 1) : i);
   }
   j.partner = partner;
   j.sign = sign;
-  j.read_perm = read_perm;
-  j.write_perm = write_perm;
   j.cb = j.cos.dims[0];
   j.cs = j.cos.dims[1];
   j.cn = j.cos.dims[2];
   j.rows = j.x.dims[0] * j.x.dims[1] * j.x.dims[2];
   int64_t per_row = d > 0 ? d : 1;
-  j.rows_per_task = (1 << 14) / per_row + 1;
+  j.rows_per_task = (1 << 16) / per_row + 1;
   size_t tasks = (size_t)((j.rows + j.rows_per_task - 1) / j.rows_per_task);
   if (tasks <= 1) {
     if (tasks) rotary_task(&j, 0);
@@ -385,6 +419,7 @@ typedef struct {
   Tensor tokens, grad, indices, probs, out, probs_grad;
   int has_probs, has_tokens;
   int64_t tokens_n, topk, hidden, rows, per_task;
+  int32_t* slot_of_row; /* the grad's inverse of sorted_indices */
 } MoeJob;
 
 static void moe_forward_task(void* user, size_t task) {
@@ -424,41 +459,48 @@ static void moe_forward_task(void* user, size_t task) {
   free(acc);
 }
 
+/* The grad walks the OUTPUT rows in order (slot_of_row inverts sorted_indices): permuted_tokens is
+ * read and permuted_tokens_grad written sequentially, and with expert-sorted rows the dY reads
+ * sweep each expert's tokens in order. */
 static void moe_grad_task(void* user, size_t task) {
   MoeJob* j = (MoeJob*)user;
-  int64_t H = j->hidden, K = j->topk;
-  const int32_t* s = (const int32_t*)j->indices.data;
+  int64_t H = j->hidden, K = j->topk, M = j->tokens_n * K;
+  const int32_t* slot_of_row = j->slot_of_row;
   size_t gs = elem_size(j->grad.type);
   float* buf = (float*)malloc((size_t)(2 * H + 1) * sizeof(float));
   if (!buf) return;
   float *dy = buf, *row = buf + H;
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
-  if (last > j->tokens_n) last = j->tokens_n;
-  for (int64_t t = first; t < last; t++) {
+  if (last > M) last = M;
+  for (int64_t r = first; r < last; r++) {
+    int64_t slot = slot_of_row[r], t = slot / K;
     const char* grad_row = (const char*)j->grad.data + (size_t)t * H * gs;
+    char* out_row = (char*)j->out.data + (size_t)r * H * gs;
     if (!j->has_probs) {
-      memcpy((char*)j->out.data + (size_t)s[t] * H * gs, grad_row, (size_t)H * gs);
+      memcpy(out_row, grad_row, (size_t)H * gs);
       continue;
     }
+    float w;
+    load_f32((const char*)j->probs.data + (size_t)slot * elem_size(j->probs.type), j->probs.type, &w, 1);
     load_f32(grad_row, j->grad.type, dy, (size_t)H);
-    for (int64_t k = 0; k < K; k++) {
-      int64_t slot = t * K + k, r = s[slot];
-      float w;
-      load_f32((const char*)j->probs.data + (size_t)slot * elem_size(j->probs.type), j->probs.type, &w, 1);
-      for (int64_t i = 0; i < H; i++) row[i] = dy[i] * w;
-      store_f32(row, j->grad.type, (char*)j->out.data + (size_t)r * H * gs, (size_t)H);
-      load_f32((const char*)j->tokens.data + (size_t)r * H * gs, j->tokens.type, row, (size_t)H);
-      float dot = 0.0f;
-      for (int64_t i = 0; i < H; i++) dot += row[i] * dy[i];
-      store_f32(&dot, j->probs.type, (char*)j->probs_grad.data + (size_t)slot * elem_size(j->probs.type), 1);
-    }
+    for (int64_t i = 0; i < H; i++) row[i] = dy[i] * w;
+    store_f32(row, j->grad.type, out_row, (size_t)H);
+    load_f32((const char*)j->tokens.data + (size_t)r * H * gs, j->tokens.type, row, (size_t)H);
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* float32 dot over H; the order is the contract's to choose */
+    int64_t i = 0;
+    for (; i + 8 <= H; i += 8)
+      for (int l = 0; l < 8; l++) lanes[l] += row[i + l] * dy[i + l];
+    for (; i < H; i++) lanes[0] += row[i] * dy[i];
+    float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    store_f32(&dot, j->probs.type, (char*)j->probs_grad.data + (size_t)slot * elem_size(j->probs.type), 1);
   }
   free(buf);
 }
 
-static OrtStatus* moe_run(OrtKernelContext* ctx, MoeJob* j, void (*task)(void*, size_t)) {
-  j->per_task = (1 << 15) / (j->hidden * j->topk + 1) + 1;
-  size_t tasks = (size_t)((j->tokens_n + j->per_task - 1) / j->per_task);
+static OrtStatus* moe_run(OrtKernelContext* ctx, MoeJob* j, void (*task)(void*, size_t), int64_t items,
+                          int64_t per_item) {
+  j->per_task = (1 << 15) / (per_item + 1) + 1;
+  size_t tasks = (size_t)((items + j->per_task - 1) / j->per_task);
   if (tasks <= 1) {
     if (tasks) task(j, 0);
     return NULL;
@@ -491,7 +533,7 @@ static OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx) {
   j.hidden = j.tokens.dims[1];
   int64_t dims[2] = {j.tokens_n, j.hidden};
   st = output(ctx, 0, dims, 2, &j.out);
-  return st ? st : moe_run(ctx, &j, moe_forward_task);
+  return st ? st : moe_run(ctx, &j, moe_forward_task, j.tokens_n, j.hidden * j.topk);
 }
 
 static OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
@@ -526,7 +568,13 @@ static OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
   if (!st) st = output(ctx, 1, pdims, 2, &j.probs_grad);
   if (st) return st;
   if (!j.has_probs) memset(j.probs_grad.data, 0, (size_t)j.probs_grad.size * elem_size(j.probs_grad.type));
-  return moe_run(ctx, &j, moe_grad_task);
+  j.slot_of_row = (int32_t*)malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+  if (!j.slot_of_row) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, "out of memory");
+  const int32_t* s = (const int32_t*)j.indices.data;
+  for (int64_t i = 0; i < m; i++) j.slot_of_row[s[i]] = (int32_t)i;
+  st = moe_run(ctx, &j, moe_grad_task, m, j.hidden);
+  free(j.slot_of_row);
+  return st;
 }
 
 /* ---------------------------------------------------------------------------------------- */
