@@ -93,6 +93,10 @@ class OnnxRuntimeExecutable:
 
 def _ort_value(array: np.ndarray) -> ort.OrtValue:
     if array.dtype == ml_dtypes.bfloat16:
+        if not hasattr(ort.OrtValue, "ortvalue_from_numpy_with_onnx_type"):
+            raise ExecutionError(f"ONNX Runtime {ort.__version__} cannot exchange bfloat16 arrays with Python (it has no "
+                                 f"OrtValue.ortvalue_from_numpy_with_onnx_type); use a newer ONNX Runtime or the numpy "
+                                 f"runtime for bfloat16 graphs")
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), TensorProto.BFLOAT16)
     return ort.OrtValue.ortvalue_from_numpy(array)
 
