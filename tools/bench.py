@@ -263,8 +263,9 @@ SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
 BENCHES = SUITES
 
 
-def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=sys.stderr) -> str:
-    """Measure the suites, with a progress bar on ``progress``; return one table."""
+def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None) -> str:
+    """Measure the suites, with a progress bar on ``progress`` (default: stderr); return one table."""
+    progress = sys.stderr if progress is None else progress
     plan: list[Measurement] = []
     for name in names:
         plan += SUITES[name](quick)
