@@ -80,9 +80,8 @@ def _lowering_spec(node: Node):
         raise GraphError(f"{node.op_type} '{node.name}': no ONNX lowering is declared for this op", node=node.name)
     _, structural = LOWERINGS[node.op_type]
     present = frozenset(s.name for s, v in zip(schema.inputs, node.inputs) if s.optional and v is not None)
-    inputs = tuple(s.name for s in schema.inputs)
-    outputs = tuple(s.name + "_out" if s.name in inputs else s.name for s in schema.outputs)
-    return LoweringSpec(node.op_type, present, tuple((a, node.attributes[a]) for a in structural), inputs, outputs)
+    return LoweringSpec(node.op_type, present, tuple((a, node.attributes[a]) for a in structural),
+                        tuple(s.name for s in schema.inputs), tuple(s.name for s in schema.outputs))
 
 
 def _describe_spec(spec) -> str:

@@ -25,8 +25,13 @@ class LoweringSpec:
     structure: tuple[tuple[str, Any], ...] = ()
     """Attributes the body is specialised on, as (name, value) pairs."""
     inputs: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
-    """Formal names of the function's inputs and outputs (outputs renamed where they clash)."""
+    """Formal names of the function's inputs (the schema's input names)."""
+    schema_outputs: tuple[str, ...] = ()
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Formal names of the function's outputs: the schema's, renamed where they clash with an input."""
+        return tuple(self.out(name) for name in self.schema_outputs)
 
     def has(self, name: str) -> bool:
         return name in self.present

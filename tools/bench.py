@@ -61,8 +61,7 @@ def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], out
     for value, out_name in zip(results if isinstance(results, tuple) else (results,), outputs):
         if value is not None:
             b.output(value, out_name)
-    graph = b.build()
-    return {r: get_runtime(r).compile(graph) for r in (runtime,)}[runtime]
+    return get_runtime(runtime).compile(b.build())
 
 
 def _runtimes(op: str, case: str, feeds, outputs, work: float, unit: str, name: str, **attrs) -> list[Measurement]:

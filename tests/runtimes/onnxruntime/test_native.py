@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -100,9 +102,9 @@ def test_moe_native_without_probs(tt):
 
 
 def _run_isolated(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
+    """Run ``code`` in a fresh interpreter (its own native-library state), from the repository root."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+                          env={**os.environ, **(env or {})}, cwd=str(Path(__file__).parents[3]))
 
 
 def test_bad_shapes_reaching_a_kernel_raise_not_crash():
