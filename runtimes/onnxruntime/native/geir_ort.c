@@ -482,15 +482,26 @@ static void moe_grad_task(void* user, size_t task) {
     }
     float w;
     load_f32((const char*)j->probs.data + (size_t)slot * elem_size(j->probs.type), j->probs.type, &w, 1);
-    load_f32(grad_row, j->grad.type, dy, (size_t)H);
-    for (int64_t i = 0; i < H; i++) row[i] = dy[i] * w;
-    store_f32(row, j->grad.type, out_row, (size_t)H);
-    load_f32((const char*)j->tokens.data + (size_t)r * H * gs, j->tokens.type, row, (size_t)H);
+    const float* d;
+    const float* p;
+    if (j->grad.type == T_FLOAT) { /* float32: read and write the tensors directly, one pass each */
+      d = (const float*)grad_row;
+      p = (const float*)((const char*)j->tokens.data + (size_t)r * H * gs);
+      float* o = (float*)out_row;
+      for (int64_t i = 0; i < H; i++) o[i] = d[i] * w;
+    } else {
+      load_f32(grad_row, j->grad.type, dy, (size_t)H);
+      for (int64_t i = 0; i < H; i++) row[i] = dy[i] * w;
+      store_f32(row, j->grad.type, out_row, (size_t)H);
+      load_f32((const char*)j->tokens.data + (size_t)r * H * gs, j->tokens.type, row, (size_t)H);
+      d = dy;
+      p = row;
+    }
     float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* float32 dot over H; the order is the contract's to choose */
     int64_t i = 0;
     for (; i + 8 <= H; i += 8)
-      for (int l = 0; l < 8; l++) lanes[l] += row[i + l] * dy[i + l];
-    for (; i < H; i++) lanes[0] += row[i] * dy[i];
+      for (int l = 0; l < 8; l++) lanes[l] += p[i + l] * d[i + l];
+    for (; i < H; i++) lanes[0] += p[i] * d[i];
     float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     store_f32(&dot, j->probs.type, (char*)j->probs_grad.data + (size_t)slot * elem_size(j->probs.type), 1);
   }
