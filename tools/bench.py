@@ -104,34 +104,38 @@ def _as_torch(torch, array: np.ndarray):
     return torch.from_numpy(array.copy())
 
 
+def _rotary_case(dtype: str, shape: tuple[int, ...], pslice: tuple[int, int]) -> list[Measurement]:
+    """One case's measurements; a function of its own so every closure binds this case's arrays."""
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    np_dt = geir.as_dtype(dtype).numpy
+    table = (1, shape[1], 1, pslice[1] - pslice[0])
+    feeds = {"dy": rng.standard_normal(shape, np.float32).astype(np_dt),
+             "cos": rng.standard_normal(table, np.float32).astype(np_dt),
+             "sin": rng.standard_normal(table, np.float32).astype(np_dt)}
+    dy, dst = feeds["dy"], np.empty_like(feeds["dy"])
+    moved = 2 * dy.nbytes
+    case = f"{list(shape)} {dtype} slice {list(pslice)}"
+    op = "InplacePartialRotaryMulGrad"
+    rows = [Measurement(op, case, "np.copyto(dy)", lambda: np.copyto(dst, dy), moved, "GB/s", baseline=True)]
+    rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", rotary_mode=1, partial_slice=list(pslice))
+    rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_rotary_grad(*feeds.values(), *pslice),
+                            moved, "GB/s"))
+    if torch is not None:
+        t_args = [_as_torch(torch, a) for a in feeds.values()]
+        rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_rotary_grad(torch, *t_args, *pslice),
+                                moved, "GB/s"))
+    fwd = {"x": dy, "cos": feeds["cos"].astype(np.float32), "sin": feeds["sin"].astype(np.float32)}
+    rows += _runtimes("InplacePartialRotaryMul", case, fwd, ("y",), moved, "GB/s", "rope", rotary_mode=1,
+                      partial_slice=list(pslice))
+    return rows
+
+
 def rotary_measurements(quick: bool) -> list[Measurement]:
     cases = [("float32", (4, 2048, 32, 128), (0, 128)), ("bfloat16", (1, 4096, 128, 192), (128, 192))]
     rows: list[Measurement] = []
-    torch = _torch()
     for dtype, shape, pslice in cases:
-        if quick:
-            shape = (1, 64) + shape[2:]
-        rng = np.random.default_rng(0)
-        np_dt = geir.as_dtype(dtype).numpy
-        table = (1, shape[1], 1, pslice[1] - pslice[0])
-        feeds = {"dy": rng.standard_normal(shape, np.float32).astype(np_dt),
-                 "cos": rng.standard_normal(table, np.float32).astype(np_dt),
-                 "sin": rng.standard_normal(table, np.float32).astype(np_dt)}
-        dy, dst = feeds["dy"], np.empty_like(feeds["dy"])
-        moved = 2 * dy.nbytes
-        case = f"{list(shape)} {dtype} slice {list(pslice)}"
-        op = "InplacePartialRotaryMulGrad"
-        rows.append(Measurement(op, case, "np.copyto(dy)", lambda: np.copyto(dst, dy), moved, "GB/s", baseline=True))
-        rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", rotary_mode=1, partial_slice=list(pslice))
-        rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_rotary_grad(*feeds.values(), *pslice),
-                                moved, "GB/s"))
-        if torch is not None:
-            t_args = [_as_torch(torch, a) for a in feeds.values()]
-            rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_rotary_grad(torch, *t_args, *pslice),
-                                    moved, "GB/s"))
-        fwd = {"x": dy, "cos": feeds["cos"].astype(np.float32), "sin": feeds["sin"].astype(np.float32)}
-        rows += _runtimes("InplacePartialRotaryMul", case, fwd, ("y",), moved, "GB/s", "rope", rotary_mode=1,
-                          partial_slice=list(pslice))
+        rows += _rotary_case(dtype, (1, 64) + shape[2:] if quick else shape, pslice)
     return rows
 
 
@@ -155,37 +159,40 @@ def torch_moe_grad(torch, tokens, grad, indices, probs):
     return out, pg.to(probs.dtype)
 
 
+def _moe_case(dtype: str, tokens: int, topk: int, hidden: int) -> list[Measurement]:
+    """One case's measurements; a function of its own so every closure binds this case's arrays."""
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    np_dt = geir.as_dtype(dtype).numpy
+    experts = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :topk]  # realistic routing
+    feeds = {"permuted_tokens": rng.standard_normal((tokens * topk, hidden), np.float32).astype(np_dt),
+             "unpermuted_tokens_grad": rng.standard_normal((tokens, hidden), np.float32).astype(np_dt),
+             "sorted_indices": sorted_indices_from_expert_ids(experts),
+             "probs": rng.uniform(0, 1, (tokens, topk)).astype(np_dt)}
+    moved = 2 * feeds["permuted_tokens"].nbytes + feeds["unpermuted_tokens_grad"].nbytes
+    src = np.ones(moved // 2, np.uint8)
+    dst = np.empty_like(src)
+    case = f"T={tokens} K={topk} H={hidden} {dtype}"
+    op = "MoeTokenUnpermuteGrad"
+    rows = [Measurement(op, case, "np.copyto of the same bytes", lambda: np.copyto(dst, src), moved, "GB/s",
+                        baseline=True),
+            Measurement(op, case, "same, into a fresh buffer", lambda: np.copyto(np.empty_like(src), src), moved,
+                        "GB/s")]
+    rows += _runtimes(op, case, feeds, ("permuted_tokens_grad", "probs_grad"), moved, "GB/s", "moe_grad")
+    rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_moe_grad(*feeds.values()), moved, "GB/s"))
+    if torch is not None:
+        t_args = [_as_torch(torch, a) for a in feeds.values()]
+        rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_moe_grad(torch, *t_args), moved, "GB/s"))
+    fwd = {"permuted_tokens": feeds["permuted_tokens"], "sorted_indices": feeds["sorted_indices"],
+           "probs": feeds["probs"]}
+    rows += _runtimes("MoeTokenUnpermute", case, fwd, ("y",), feeds["permuted_tokens"].nbytes +
+                      feeds["unpermuted_tokens_grad"].nbytes, "GB/s", "moe")
+    return rows
+
+
 def moe_measurements(quick: bool) -> list[Measurement]:
     tokens, topk, hidden = (512, 8, 256) if quick else (8192, 8, 1024)
-    rows: list[Measurement] = []
-    torch = _torch()
-    for dtype in ("float32", "bfloat16"):
-        rng = np.random.default_rng(0)
-        np_dt = geir.as_dtype(dtype).numpy
-        experts = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :topk]  # realistic routing
-        feeds = {"permuted_tokens": rng.standard_normal((tokens * topk, hidden), np.float32).astype(np_dt),
-                 "unpermuted_tokens_grad": rng.standard_normal((tokens, hidden), np.float32).astype(np_dt),
-                 "sorted_indices": sorted_indices_from_expert_ids(experts),
-                 "probs": rng.uniform(0, 1, (tokens, topk)).astype(np_dt)}
-        moved = 2 * feeds["permuted_tokens"].nbytes + feeds["unpermuted_tokens_grad"].nbytes
-        src = np.ones(moved // 2, np.uint8)
-        dst = np.empty_like(src)
-        case = f"T={tokens} K={topk} H={hidden} {dtype}"
-        op = "MoeTokenUnpermuteGrad"
-        rows.append(Measurement(op, case, "np.copyto of the same bytes", lambda: np.copyto(dst, src), moved, "GB/s",
-                                baseline=True))
-        rows.append(Measurement(op, case, "same, into a fresh buffer", lambda: np.copyto(np.empty_like(src), src),
-                                moved, "GB/s"))
-        rows += _runtimes(op, case, feeds, ("permuted_tokens_grad", "probs_grad"), moved, "GB/s", "moe_grad")
-        rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_moe_grad(*feeds.values()), moved, "GB/s"))
-        if torch is not None:
-            t_args = [_as_torch(torch, a) for a in feeds.values()]
-            rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_moe_grad(torch, *t_args), moved, "GB/s"))
-        fwd = {"permuted_tokens": feeds["permuted_tokens"], "sorted_indices": feeds["sorted_indices"],
-               "probs": feeds["probs"]}
-        rows += _runtimes("MoeTokenUnpermute", case, fwd, ("y",), feeds["permuted_tokens"].nbytes +
-                          feeds["unpermuted_tokens_grad"].nbytes, "GB/s", "moe")
-    return rows
+    return [m for dtype in ("float32", "bfloat16") for m in _moe_case(dtype, tokens, topk, hidden)]
 
 
 # -- sparse flash attention --------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def forward_reference(query, key, value, indices, *, scale, bs=1, layout="BSND",
     out = np.zeros(query.shape[:-1] + (D2,))
     stats_shape = (query.shape[0], N2, query.shape[1], G) if layout == "BSND" else (N2, query.shape[0], G)
     mx, sm = np.zeros(stats_shape), np.zeros(stats_shape)
-    for b, S1b, S2b, qrow, kvrow, st_idx in batches(layout, query.shape, key.shape, aq, akv, True):
+    for _, S1b, S2b, qrow, kvrow, st_idx in batches(layout, query.shape, key.shape, aq, akv, True):
         for n2 in range(N2):
             heads = slice(n2 * G, n2 * G + G)
             for s1 in range(S1b):
@@ -107,7 +107,7 @@ def grad_reference(query, key, indices, d_out, out, softmax_max, softmax_sum, *,
     dQ = np.zeros(query.shape[:-1] + (D + Dr,))
     dK = np.zeros(key.shape[:-1] + (D + Dr,))
     dV = np.zeros(key.shape[:-1] + (D2,))
-    for b, S1b, S2b, qrow, kvrow, st_idx in batches(layout, query.shape, key.shape, aq, akv, False):
+    for _, S1b, S2b, qrow, kvrow, st_idx in batches(layout, query.shape, key.shape, aq, akv, False):
         for n2 in range(N2):
             heads = slice(n2 * G, n2 * G + G)
             for s1 in range(S1b):

@@ -9,7 +9,7 @@ import geir
 from geir import ExecutionError
 from geir.runtimes.numpy import moe as kernels
 from geir.runtimes.numpy.moe import moe_token_unpermute, moe_token_unpermute_grad
-from helpers import MOE, MOE_GRAD, moe_grad_graph, moe_graph
+from helpers import MOE, moe_grad_graph, moe_graph
 from oracles.moe import unpermute_grad_reference, unpermute_reference
 from oracles.numerics import assert_matches_reference, bits_equal
 

@@ -16,7 +16,7 @@ import pytest
 
 import geir
 from geir.runtimes.onnxruntime import native_library, native_status
-from helpers import MOE, MOE_GRAD, ROPE, ROPE_GRAD, moe_grad_graph, moe_graph, random_feeds, rotary_graph
+from helpers import ROPE, ROPE_GRAD, moe_grad_graph, moe_graph, random_feeds, rotary_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}

@@ -9,7 +9,7 @@ import pytest
 import geir
 from geir import ExecutionError
 from geir.runtimes import get_runtime
-from helpers import MOE, ROPE, ROPE_GRAD, SFA, moe_grad_graph, moe_graph, random_feeds, rotary_graph, sfa_graph
+from helpers import ROPE, ROPE_GRAD, SFA, moe_grad_graph, moe_graph, random_feeds, rotary_graph, sfa_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
 from oracles.sfa_cases import SfaCase
 
