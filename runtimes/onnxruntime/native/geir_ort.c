@@ -301,6 +301,10 @@ static void rotary_task(void* user, size_t task) {
       memcpy(dst, src, (size_t)s * xs);
       memcpy(dst + (size_t)k->end * xs, src + (size_t)k->end * xs, (size_t)(d - k->end) * xs);
     }
+    if (j->x.type == T_FLOAT && k->mode != 3 && dst != src) { /* float32: straight from x into the output */
+      rotary_row(k->mode, L, c, m, (const float*)(src + (size_t)s * xs), (float*)(dst + (size_t)s * xs));
+      continue;
+    }
     load_f32(src + (size_t)s * xs, j->x.type, g, (size_t)L);
     if (k->mode == 3 && !k->grad) { /* forward mode 3 reads the interleaved layout */
       for (int64_t i = 0; i < h; i++) {
