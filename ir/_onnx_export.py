@@ -33,7 +33,7 @@ def to_onnx(graph: Graph) -> ModelProto:
     for node in graph.topological_order():
         if node.domain == CANN_DOMAIN:
             schema = get_schema(node.op_type, node.domain)
-            spec = _lowering_spec(node)
+            spec = _lowering_spec(node, schema)
             previous = specs.setdefault(node.op_type, (spec, node.name))
             if previous[0] != spec:
                 raise GraphError(
@@ -71,11 +71,9 @@ def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
         f.write(to_onnx(graph).SerializeToString())
 
 
-def _lowering_spec(node: Node):
-    from geir.schemas import get_schema
+def _lowering_spec(node: Node, schema):
     from geir.schemas.lowering import LOWERINGS, LoweringSpec
 
-    schema = get_schema(node.op_type, node.domain)
     if node.op_type not in LOWERINGS:
         raise GraphError(f"{node.op_type} '{node.name}': no ONNX lowering is declared for this op", node=node.name)
     _, structural = LOWERINGS[node.op_type]

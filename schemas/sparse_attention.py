@@ -299,32 +299,42 @@ def _combos(names: tuple[str, ...]) -> tuple[tuple[DType | None, ...], ...]:
     return tuple(tuple(fixed.get(n, dt) for n in names) for dt in _FLOATS)
 
 
+# Inputs and attributes both ops declare alike.
+_QUERY = InputSpec("query", _FLOATS, doc="(B, S1, N1, D) or (T1, N1, D)")
+_KEY = InputSpec("key", _FLOATS, doc="(B, S2, N2, D) or (T2, N2, D)")
+_INDICES = InputSpec("sparse_indices", (I32,), doc="(B, S1, N2, K) or (T1, N2, K): key block ids, -1 padded")
+_ROPE = (InputSpec("query_rope", _FLOATS, optional=True, doc="(B, S1, N1, Dr) or (T1, N1, Dr)"),
+         InputSpec("key_rope", _FLOATS, optional=True, doc="(B, S2, N2, Dr) or (T2, N2, Dr)"))
+_SCALE = AttrSpec("scale_value", AttrKind.FLOAT, doc="score scale (float32)")
+_BLOCK = AttrSpec("sparse_block_size", AttrKind.INT, 1, "keys per block id")
+_MODE = AttrSpec("sparse_mode", AttrKind.INT, 3, "0: no mask, 3: bottom-right causal")
+
+
+def _lengths(doc: str) -> tuple[InputSpec, InputSpec]:
+    return (InputSpec("actual_seq_lengths_query", (I32,), optional=True, doc=doc),
+            InputSpec("actual_seq_lengths_kv", (I32,), optional=True, doc=doc))
+
+
 _FWD_INPUTS = (
-    InputSpec("query", _FLOATS, doc="(B, S1, N1, D) or (T1, N1, D)"),
-    InputSpec("key", _FLOATS, doc="(B, S2, N2, D) or (T2, N2, D)"),
+    _QUERY, _KEY,
     InputSpec("value", _FLOATS, doc="(B, S2, N2, D2) or (T2, N2, D2)"),
-    InputSpec("sparse_indices", (I32,), doc="(B, S1, N2, K) or (T1, N2, K): key block ids, -1 padded"),
+    _INDICES,
     InputSpec("block_table", (I32,), optional=True, doc="paged KV cache (PA_BSND only; not supported yet)"),
-    InputSpec("actual_seq_lengths_query", (I32,), optional=True, doc="(B,): per batch (BSND) or cumulative (TND)"),
-    InputSpec("actual_seq_lengths_kv", (I32,), optional=True, doc="(B,): per batch (BSND) or cumulative (TND)"),
-    InputSpec("query_rope", _FLOATS, optional=True, doc="(B, S1, N1, Dr) or (T1, N1, Dr)"),
-    InputSpec("key_rope", _FLOATS, optional=True, doc="(B, S2, N2, Dr) or (T2, N2, Dr)"),
+    *_lengths("(B,): per batch (BSND) or cumulative (TND)"),
+    *_ROPE,
     InputSpec("sinks", (F32,), optional=True, doc="(N1,): per-head attention sink logits"),
 )
 _GRAD_INPUTS = (
-    InputSpec("query", _FLOATS, doc="(B, S1, N1, D) or (T1, N1, D)"),
-    InputSpec("key", _FLOATS, doc="(B, S2, N2, D) or (T2, N2, D)"),
-    InputSpec("sparse_indices", (I32,), doc="(B, S1, N2, K) or (T1, N2, K): key block ids, -1 padded"),
+    _QUERY, _KEY, _INDICES,
     InputSpec("d_out", _FLOATS, doc="gradient of attention_out: (B, S1, N1, D2) or (T1, N1, D2)"),
     InputSpec("out", _FLOATS, doc="the forward's attention_out"),
     InputSpec("softmax_max", (F32,), doc="(B, N2, S1, G) or (N2, T1, G) from the forward"),
     InputSpec("softmax_sum", (F32,), doc="same shape as softmax_max"),
     InputSpec("value", _FLOATS, optional=True, doc="absent: KV merge, V = key[..., :D2]"),
-    InputSpec("actual_seq_lengths_query", (I32,), optional=True, doc="TND: cumulative; BSND: ignored (SG-W1)"),
-    InputSpec("actual_seq_lengths_kv", (I32,), optional=True, doc="TND: cumulative; BSND: ignored (SG-W1)"),
-    InputSpec("query_rope", _FLOATS, optional=True, doc="(B, S1, N1, Dr) or (T1, N1, Dr)"),
-    InputSpec("key_rope", _FLOATS, optional=True, doc="(B, S2, N2, Dr) or (T2, N2, Dr)"),
+    *_lengths("TND: cumulative; BSND: ignored (SG-W1)"),
+    *_ROPE,
 )
+_VALIDATED = ("sparse_indices", "actual_seq_lengths_query", "actual_seq_lengths_kv")
 
 FORWARD = register(OpSchema(
     op_type="SparseFlashAttention",
@@ -333,11 +343,11 @@ FORWARD = register(OpSchema(
              OutputSpec("softmax_max", doc="float32 (B, N2, S1, G) / (N2, T1, G), or (0,) without return_softmax_lse"),
              OutputSpec("softmax_sum", doc="same shape as softmax_max")),
     attributes=(
-        AttrSpec("scale_value", AttrKind.FLOAT, doc="score scale (float32)"),
-        AttrSpec("sparse_block_size", AttrKind.INT, 1, "keys per block id"),
+        _SCALE,
+        _BLOCK,
         AttrSpec("layout_query", AttrKind.STRING, "BSND", "BSND or TND"),
         AttrSpec("layout_kv", AttrKind.STRING, "BSND", "must equal layout_query (PA_BSND not supported yet)"),
-        AttrSpec("sparse_mode", AttrKind.INT, 3, "0: no mask, 3: bottom-right causal"),
+        _MODE,
         AttrSpec("pre_tokens", AttrKind.INT, INT64_MAX, "ignored (must stay INT64_MAX on devices)"),
         AttrSpec("next_tokens", AttrKind.INT, INT64_MAX, "ignored (must stay INT64_MAX on devices)"),
         AttrSpec("attention_mode", AttrKind.INT, 0, "devices need 2; no effect on the math"),
@@ -347,7 +357,7 @@ FORWARD = register(OpSchema(
     infer=_forward_infer,
     check=_check,
     validate=_validate,
-    validated_inputs=("sparse_indices", "actual_seq_lengths_query", "actual_seq_lengths_kv"),
+    validated_inputs=_VALIDATED,
     doc="Attention of each query row over the key blocks its sparse_indices list.",
 ))
 
@@ -359,10 +369,10 @@ GRAD = register(OpSchema(
              OutputSpec("d_query_rope", optional=True, doc="present iff the rope inputs are"),
              OutputSpec("d_key_rope", optional=True, doc="present iff the rope inputs are")),
     attributes=(
-        AttrSpec("scale_value", AttrKind.FLOAT, doc="score scale (float32)"),
-        AttrSpec("sparse_block_size", AttrKind.INT, 1, "keys per block id"),
+        _SCALE,
+        _BLOCK,
         AttrSpec("layout", AttrKind.STRING, "BSND", "BSND or TND"),
-        AttrSpec("sparse_mode", AttrKind.INT, 3, "0: no mask, 3: bottom-right causal"),
+        _MODE,
         AttrSpec("pre_tokens", AttrKind.INT, INT32_MAX, "ignored"),
         AttrSpec("next_tokens", AttrKind.INT, INT32_MAX, "ignored"),
         AttrSpec("deterministic", AttrKind.BOOL, False, "ignored (device determinism is a context flag)"),
@@ -371,6 +381,6 @@ GRAD = register(OpSchema(
     infer=_grad_infer,
     check=_check,
     validate=_validate,
-    validated_inputs=("sparse_indices", "actual_seq_lengths_query", "actual_seq_lengths_kv"),
+    validated_inputs=_VALIDATED,
     doc="Gradients of SparseFlashAttention w.r.t. query, key, value and the rope parts.",
 ))

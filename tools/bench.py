@@ -266,7 +266,6 @@ def sfa_measurements(quick: bool) -> list[Measurement]:
 
 SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements}
-BENCHES = SUITES
 
 
 def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None) -> str:
