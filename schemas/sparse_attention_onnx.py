@@ -3,8 +3,9 @@
 Query rows are flattened (BSND ``b*S1 + s1``, TND ``t``); every row gathers a padded set of
 ``K * sparse_block_size`` candidate keys with clamped indices and a validity mask (entry
 index below ``n_valid``, no -1 before it, position below the threshold), so all products
-are batched MatMuls; masked scores are -inf and masked probabilities 0; the grad adds key
-and value contributions with ``ScatterND(reduction="add")`` in float32. Intermediate
+are batched MatMuls; masked scores are -inf and masked probabilities 0; the grad sums key
+and value contributions by a scatter with distinct targets into a dense per-segment weight matrix
+and one MatMul (never a scatter-add, whose ONNX Runtime CPU kernel races on duplicate targets). Intermediate
 roundings are ``CastLike(input dtype)`` + ``Cast(float)``. Bodies are specialised on the
 layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist.
 """
@@ -23,6 +24,7 @@ class _Rows:
 
     def __init__(self, b: Body, spec: LoweringSpec, layout: str, honor_bsnd_lengths: bool) -> None:
         self.b = b
+        self.layout = layout
         one = b.ints(1)
         if layout == "BSND":
             s1_size, s2_size = b.dim("query", 1), b.dim("key", 1)
@@ -60,8 +62,8 @@ class _Rows:
         self.threshold = self.s2_len if mode == 0 else b.op(
             "Add", b.op("Sub", self.s2_len, self.s1_len), b.op("Add", self.s1, one))
 
-    def candidates(self) -> tuple[str, str, str]:
-        """(flat key rows (rows, N2, Lp) into a (T2*N2, .) table, validity, Lp)."""
+    def candidates(self) -> tuple[str, str, str, str]:
+        """(flat key rows (rows, N2, Lp) into a (T2*N2, .) table, validity, Lp, clamped key rows (rows, N2, Lp))."""
         b = self.b
         heads = b.dim("key", -2)
         entries = b.reshape(b.to_int64("sparse_indices"), self.rows_total, heads, b.dim("sparse_indices", -1))
@@ -87,7 +89,24 @@ class _Rows:
         key_rows = b.op("Max", b.op("Min", key_rows, b.op("Sub", self.kv_total, b.ints(1))), b.ints(0))
         flat = b.op("Add", b.op("Mul", key_rows, heads),
                     b.unsqueeze(b.op("Range", b.const(0), b.scalar(heads), b.const(1)), 0, 2))
-        return flat, valid, span
+        self.key_rows = key_rows
+        return flat, valid, span, key_rows
+
+    def segments(self) -> tuple[str, str, str]:
+        """(segments, query rows per segment, keys per segment): BSND one segment per batch (a row only
+        reads its own batch's keys), TND the whole tensor."""
+        b = self.b
+        if self.layout == "BSND":
+            return b.dim("query", 0), b.dim("query", 1), b.dim("key", 1)
+        return b.ints(1), b.dim("query", 0), b.dim("key", 0)
+
+    def key_columns(self, valid: str) -> str:
+        """Each candidate's key column within its segment, (rows, N2, Lp); invalid ones -> the spare column."""
+        b = self.b
+        _, _, keys = self.segments()
+        start = self.kv_start if self.layout == "BSND" else b.ints(0)
+        relative = b.op("Sub", self.key_rows, b.unsqueeze(start, 1, 2) if self.layout == "BSND" else start)
+        return b.where(valid, relative, keys)
 
 
 def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...]) -> str:
@@ -99,7 +118,7 @@ def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...]) -> str:
 
 def _common(b: Body, spec: LoweringSpec, layout: str, is_grad: bool):
     rows = _Rows(b, spec, layout, honor_bsnd_lengths=not is_grad)
-    flat, valid, span = rows.candidates()
+    flat, valid, span, _ = rows.candidates()
     kv_heads = b.dim("key", -2)
     group = b.op("Div", b.dim("query", -2), kv_heads)
     keys = b.op("Gather", _table(b, spec, ("key", "key_rope")), flat, axis=0)           # (rows, N2, Lp, Dq)
@@ -175,21 +194,31 @@ def sfa_grad(b: Body, spec: LoweringSpec) -> None:
     probs = b.where(mask, b.op("Div", with_max, safe_sum), zero)
     grad_out = b.reshape(b.to_float("d_out"), rows.rows_total, kv_heads, group, d2)
     out = b.reshape(b.to_float("out"), rows.rows_total, kv_heads, group, d2)
-    d_value = b.op("MatMul", b.op("Transpose", b.round_trip(probs, "query"), perm=[0, 1, 3, 2]), grad_out)
     d_p = b.op("MatMul", grad_out, b.op("Transpose", values, perm=[0, 1, 3, 2]))
     d_s = b.op("Mul", probs, b.op("Sub", d_p, b.sum(b.op("Mul", grad_out, out), 3, keepdims=1)))
     d_s = b.round_trip(b.where(mask, d_s, zero), "query")
     d_query = b.op("Mul", scale, b.op("MatMul", d_s, keys))                          # (rows, N2, G, Dq)
-    d_key = b.op("Mul", scale, b.op("MatMul", b.op("Transpose", d_s, perm=[0, 1, 3, 2]), queries))
-    contributions = b.concat(d_key, d_value, axis=3)                                  # (rows, N2, Lp, Dq + D2)
-    contributions = b.where(b.unsqueeze(valid, 3), contributions, zero)
-    width = b.dim(contributions, -1)
-    table_rows = b.op("Mul", rows.kv_total, kv_heads)
-    zeros = b.op("ConstantOfShape", b.concat(table_rows, width), value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
-    summed = b.op("ScatterND", zeros, b.reshape(flat, -1, 1), b.reshape(contributions, -1, width), reduction="add")
-    dq_width = b.dim(d_key, -1)
-    d_key_all = b.slice(summed, b.ints(0), dq_width, 1)
-    d_value_all = b.slice(summed, dq_width, width, 1)
+    # dK and dV: each row's weights are written along the key axis of a dense per-segment matrix (a row's
+    # valid positions are distinct, every invalid one goes to a spare column, weights there are 0), then
+    # one MatMul per segment sums over query rows: no two writes to one element, a fixed summation order.
+    columns = b.op("Expand", b.unsqueeze(rows.key_columns(valid), 2), b.op("Shape", d_s))    # (rows, N2, G, Lp)
+    segments, seg_rows, seg_keys = rows.segments()
+    dense_shape = b.concat(b.op("Shape", d_s, end=3), b.op("Add", seg_keys, b.ints(1)))
+    zeros = b.op("ConstantOfShape", dense_shape, value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
+
+    def accumulate(weights: str, right: str) -> str:
+        """sum over query rows r and heads g of weights[r, n2, g, j] * right[r, n2, g, :] -> key layout (T2, N2, .)."""
+        dense = b.op("ScatterElements", zeros, columns, weights, axis=3)               # (rows, N2, G, C)
+        dense = b.reshape(dense, segments, seg_rows, kv_heads, group, b.dim(dense, -1))
+        dense = b.reshape(b.op("Transpose", dense, perm=[0, 2, 4, 1, 3]), segments, kv_heads, b.dim(dense, -1), -1)
+        lhs = b.reshape(right, segments, seg_rows, kv_heads, group, b.dim(right, -1))
+        lhs = b.reshape(b.op("Transpose", lhs, perm=[0, 2, 1, 3, 4]), segments, kv_heads, -1, b.dim(right, -1))
+        summed = b.slice(b.op("MatMul", dense, lhs), b.ints(0), seg_keys, 2)             # (segments, N2, keys, .)
+        return b.reshape(b.op("Transpose", summed, perm=[0, 2, 1, 3]), -1, b.dim(right, -1))  # (T2*N2, .)
+
+    d_key_all = b.op("Mul", scale, accumulate(d_s, queries))
+    d_value_all = accumulate(b.round_trip(probs, "query"), grad_out)
+    dq_width = b.dim(d_query, -1)
     if not spec.has("value"):                                                          # KV merge: dK[:, :D2] += dV
         d_key_all = b.concat(b.op("Add", b.slice(d_key_all, b.ints(0), d2, 1), d_value_all),
                              b.slice(d_key_all, d2, dq_width, 1), axis=1)

@@ -32,7 +32,11 @@ class NumpyExecutable:
     """A schedule of the live nodes with each value's last use, so buffers die early.
 
     In-place: an aliased output may reuse its input's buffer only when the runtime created
-    that buffer (never a feed), this node is its last reader and it is not a graph output.
+    that buffer, this node is its last reader and it is not a graph output. Ownership is
+    decided by provenance: an output of one of our kernels that shares no memory with the
+    node's inputs, or the buffer the runtime itself handed in as ``out``. Never a feed, a
+    constant, or anything a standard-op kernel returns (onnx.reference may hand back its
+    input object or a cached array).
     Nodes whose input types hold symbols re-run their semantic rules on the concrete shapes.
     """
 
@@ -70,8 +74,9 @@ class NumpyExecutable:
                 node.schema.validate(DataContext(node.schema, node.name, args, node.attributes,
                                                  location=node.location))
             kwargs = dict(node.attributes)
+            reused = None
             if node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
-                kwargs["out"] = args[0]
+                kwargs["out"] = reused = args[0]
             try:
                 results = self.kernels[node](*args, **kwargs)
             except ExecutionError:
@@ -88,7 +93,11 @@ class NumpyExecutable:
                     raise ExecutionError(f"{_describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
                                          f"for output '{value.name}', expected {want}", node=node.name)
                 env[value.name] = array
-                owned.add(value.name)
+                if self._allocated_here(node, array, args, reused):
+                    owned.add(value.name)
+                else:   # a view of an owned input makes that input shared: no longer written in place
+                    owned.difference_update(v.name for v, a in zip(node.inputs, args)
+                                            if v is not None and np.may_share_memory(array, a))
             for value in node.inputs:
                 if value is not None and self.last_use[id(value)] == step and id(value) not in self.outputs:
                     env.pop(value.name, None)
@@ -97,6 +106,15 @@ class NumpyExecutable:
             array = env[value.name]
             result[value.name] = array if value.name in owned else array.copy()
         return result
+
+    def _allocated_here(self, node: Node, array: np.ndarray, args: list[np.ndarray | None],
+                        reused: np.ndarray | None) -> bool:
+        """Whether this run owns ``array``: our kernel made it fresh, or it is the buffer we handed in."""
+        if reused is not None and array is reused:
+            return True
+        if (node.domain, node.op_type) not in KERNELS:
+            return False
+        return not any(a is not None and np.may_share_memory(array, a) for a in args)
 
     def _may_reuse(self, node: Node, index: int, step: int, owned: set[str]) -> bool:
         value = node.inputs[index]

@@ -70,7 +70,11 @@ class OnnxRuntimeExecutable:
             keep_alive.append(value)
             binding.bind_ortvalue_input(name, value)
         outputs: dict[str, np.ndarray] = {}
+        bound: list[str] = []                 # binding order, which is the order of binding.get_outputs()
         for value in self.graph.outputs:
+            if value.producer is None:        # a graph input or constant passed through: ORT never writes it
+                continue
+            bound.append(value.name)
             shape = _concrete(value.type.shape, bindings)
             if shape is None:
                 binding.bind_output(value.name)
@@ -84,10 +88,13 @@ class OnnxRuntimeExecutable:
             self.session.run_with_iobinding(binding)
         except Exception as exc:
             raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
-        unbound = [v.name for v in self.graph.outputs if v.name not in outputs]
-        for name, value in zip(self.session.get_outputs(), binding.get_outputs()):
-            if name.name in unbound:
-                outputs[name.name] = value.numpy()
+        for name, value in zip(bound, binding.get_outputs()):
+            if name not in outputs:
+                outputs[name] = value.numpy()
+        for value in self.graph.outputs:
+            if value.producer is None:
+                source = arrays.get(value.name)
+                outputs[value.name] = (source if source is not None else self.graph.constants[value.name]).copy()
         return {v.name: outputs[v.name] for v in self.graph.outputs}
 
 
