@@ -16,6 +16,7 @@ from ._core import CANN_DOMAIN, Graph, Node
 from ._errors import GraphError
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_to_onnx, value_info
+from ._types import TensorType
 
 __all__ = ["IR_VERSION", "save_onnx", "to_onnx"]
 
@@ -51,12 +52,16 @@ def to_onnx(graph: Graph) -> ModelProto:
         nodes.append(proto)
     outputs = {v.name for v in graph.outputs}
     inputs = {v.name for v in graph.inputs}
-    inner = [value_info(v.name, v.type) for v in graph.values()
+
+    def typed(v) -> object:   # one dim_param per class of symbols declared equal
+        dims = [graph.symbols.canonical(d) if isinstance(d, str) else d for d in v.type.shape]
+        return value_info(v.name, TensorType(v.type.dtype, dims))
+
+    inner = [typed(v) for v in graph.values()
              if v.name not in outputs and v.name not in inputs and v.name not in graph.constants]
     initializers = [numpy_helper.from_array(array, name) for name, array in graph.constants.items()]
-    onnx_graph = helper.make_graph(nodes, graph.name, [value_info(v.name, v.type) for v in graph.inputs],
-                                   [value_info(v.name, v.type) for v in graph.outputs], initializer=initializers,
-                                   value_info=inner)
+    onnx_graph = helper.make_graph(nodes, graph.name, [typed(v) for v in graph.inputs],
+                                   [typed(v) for v in graph.outputs], initializer=initializers, value_info=inner)
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(CANN_DOMAIN, 1)] if specs else [])
     functions = [_function(spec) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,

@@ -168,6 +168,12 @@ class InferContext(_NodeContext):
 
     # -- reporting -----------------------------------------------------------------------
     def error(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> GraphError:
+        symbols = sorted({d for t in self.inputs if t is not None for d in t.shape if isinstance(d, str)})
+        if isinstance(got, str) and got in symbols and len(symbols) > 1:
+            other = next(s for s in symbols if s != got)
+            note = (f"different symbols are different sizes unless declared equal, e.g. "
+                    f"GraphBuilder.declare_equal({other!r}, {got!r})")
+            hint = f"{hint}; {note}" if hint else note
         return GraphError(self.message(rule, subject, expected, got, hint), rule=rule, node=self.node,
                           location=self.location)
 

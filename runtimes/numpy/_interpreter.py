@@ -9,9 +9,9 @@ import numpy as np
 from geir._core import Graph, Node
 from geir._errors import ExecutionError, GraphError
 from geir._types import TensorType
-from geir.passes import infer_node, live_nodes
-from geir.schemas import DataContext
+from geir.passes import live_nodes
 
+from .._checks import describe, is_symbolic, output_types_on, validate_node_data
 from .._feeds import validate_feeds
 from ._kernels import KERNELS
 from .standard import standard_kernel
@@ -61,7 +61,7 @@ class NumpyExecutable:
             for value in node.inputs:
                 if value is not None:
                     self.last_use[id(value)] = step
-        self.symbolic = {n for n in self.order if not all(v.type.is_static for v in n.inputs if v is not None)}
+        self.symbolic = {n for n in self.order if is_symbolic(n)}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         env, _ = validate_feeds(self.graph, feeds)
@@ -70,9 +70,7 @@ class NumpyExecutable:
         for step, node in enumerate(self.order):
             args = [env[v.name] if v is not None else None for v in node.inputs]
             expected = self._expected_types(node, args)
-            if node.schema.validate is not None:
-                node.schema.validate(DataContext(node.schema, node.name, args, node.attributes,
-                                                 location=node.location))
+            validate_node_data(node, args)
             kwargs = dict(node.attributes)
             reused = None
             if node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
@@ -82,7 +80,7 @@ class NumpyExecutable:
             except ExecutionError:
                 raise
             except Exception as exc:
-                raise ExecutionError(f"While executing {_describe(node)}: {type(exc).__name__}: {exc}",
+                raise ExecutionError(f"While executing {describe(node)}: {type(exc).__name__}: {exc}",
                                      node=node.name) from exc
             if not isinstance(results, tuple):
                 results = (results,)
@@ -90,7 +88,7 @@ class NumpyExecutable:
                 if value is None:
                     continue
                 if array.dtype != want.dtype.numpy or not _shape_matches(array.shape, want.shape):
-                    raise ExecutionError(f"{_describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
+                    raise ExecutionError(f"{describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
                                          f"for output '{value.name}', expected {want}", node=node.name)
                 env[value.name] = array
                 if self._allocated_here(node, array, args, reused):
@@ -126,18 +124,10 @@ class NumpyExecutable:
         """Output types on concrete shapes; re-checks the semantic rules when dims were symbolic."""
         if node not in self.symbolic:
             return [v.type if v is not None else None for v in node.outputs]
-        concrete = [None if a is None else TensorType(v.type.dtype, a.shape) for v, a in zip(node.inputs, args)]
-        try:
-            _, types = infer_node(node, self.graph.symbols, concrete, self.graph.constants)
-        except GraphError as exc:
-            raise ExecutionError(f"{exc.message} (on the fed shapes; {_describe(node)})", node=node.name) from None
-        return list(types)
+        return output_types_on(self.graph, node, [None if a is None else a.shape for a in args])
 
 
 def _shape_matches(actual: tuple[int, ...], declared: tuple) -> bool:
     """Ranks equal and every int dim equal (symbols of data-dependent standard-op outputs match any size)."""
     return len(actual) == len(declared) and all(not isinstance(d, int) or d == a for a, d in zip(actual, declared))
 
-
-def _describe(node: Node) -> str:
-    return f"{node.op_type} '{node.name}'" + (f" (built at {node.location})" if node.location else "")

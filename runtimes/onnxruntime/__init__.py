@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ._native import native_library, native_status
-from ._session import OnnxRuntimeExecutable, OnnxRuntimeRuntime, validate_graph_inputs
+from ._session import OnnxRuntimeExecutable, OnnxRuntimeRuntime
 
-__all__ = ["OnnxRuntimeExecutable", "OnnxRuntimeRuntime", "native_library", "native_status", "validate_graph_inputs"]
+__all__ = ["OnnxRuntimeExecutable", "OnnxRuntimeRuntime", "native_library", "native_status"]

@@ -7,14 +7,17 @@ from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnx import TensorProto
 
-from geir._core import Graph
+from geir._core import Graph, Node, Value
 from geir._errors import ExecutionError, GraphError
 from geir._onnx_export import to_onnx
-from geir.schemas import DataContext
+from geir._onnx_types import value_info
+from geir._types import TensorType
 
+from .._checks import concrete_types, describe, validate_node_data
 from .._feeds import validate_feeds
 from ..numpy._parallel import num_threads
 from ._native import native_library
@@ -53,16 +56,40 @@ def session_options() -> ort.SessionOptions:
 
 
 class OnnxRuntimeExecutable:
+    """A graph's exported model in one session, with the checks the NumPy runtime makes before each node.
+
+    Semantic rules are re-checked on the fed shapes (``concrete_types``) and every data rule runs on
+    the values its node reads: feeds and constants directly, values computed inside the model by a
+    probe session that returns just those values (ONNX Runtime prunes the rest), before the real run.
+    """
+
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.native = native_library() is not None
         self.model = to_onnx(graph)
         self.session = ort.InferenceSession(self.model.SerializeToString(), session_options(),
                                             providers=["CPUExecutionProvider"])
+        self.order = graph.topological_order()
+        given = {v.name for v in graph.inputs} | set(graph.constants)
+        self.checked = [n for n in self.order if n.schema.validate is not None]
+        self.probed: dict[str, Value] = {}
+        """Values computed inside the model that a data rule reads (or whose symbolic shape it needs)."""
+        for node in self.checked:
+            for spec, value in zip(node.schema.inputs, node.inputs):
+                if value is not None and value.name not in given and (
+                        spec.name in node.schema.validated_inputs or not value.type.is_static):
+                    self.probed[value.name] = value
+        self._probe_session: ort.InferenceSession | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays, bindings = validate_feeds(self.graph, feeds)
-        validate_graph_inputs(self.graph, arrays, bindings)
+        types = concrete_types(self.graph, self.order, {name: a.shape for name, a in arrays.items()})
+        known: dict[str, np.ndarray] = dict(self.graph.constants) | arrays
+        pending = [n for n in self.checked if not _validate_node(n, known, types, final=False)]
+        if pending:
+            known |= self._probe(arrays)
+            for node in pending:
+                _validate_node(node, known, types, final=True)
         binding = self.session.io_binding()
         keep_alive = []                       # OrtValues and buffers must outlive the run
         for name, array in arrays.items():
@@ -97,6 +124,109 @@ class OnnxRuntimeExecutable:
                 outputs[value.name] = (source if source is not None else self.graph.constants[value.name]).copy()
         return {v.name: outputs[v.name] for v in self.graph.outputs}
 
+    def _probe(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The probed inner values for these feeds (index tensors as arrays; others as shape stand-ins)."""
+        values = list(self.probed.values())
+        if self._probe_session is None:
+            self._probe_session = ort.InferenceSession(_probe_model(self.model, values).SerializeToString(),
+                                                       session_options(), providers=["CPUExecutionProvider"])
+        binding = self._probe_session.io_binding()
+        keep_alive = [_ort_value(np.ascontiguousarray(a)) for a in arrays.values()]
+        for name, value in zip(arrays, keep_alive):
+            binding.bind_ortvalue_input(name, value)
+        for value in values:
+            binding.bind_output(value.name)
+        try:
+            self._probe_session.run_with_iobinding(binding)
+        except Exception as exc:
+            raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
+        probed = {}
+        for value, result in zip(values, binding.get_outputs()):
+            if value.type.dtype.numpy in (np.int32, np.int64):
+                probed[value.name] = result.numpy()
+            else:   # only its shape is read
+                probed[value.name] = np.broadcast_to(np.zeros((), value.type.dtype.numpy), tuple(result.shape()))
+        return probed
+
+
+def _probe_model(model: onnx.ModelProto, values: list[Value]) -> onnx.ModelProto:
+    """A copy of ``model`` computing only ``values`` (inner values of the graph), its outputs."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    needed = {v.name for v in values}
+    kept = []
+    for node in reversed(probe.graph.node):        # the model's nodes are in topological order
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+    del probe.graph.node[:]
+    probe.graph.node.extend(reversed(kept))
+    names = {v.name for v in values}
+    inner = [vi for vi in probe.graph.value_info if vi.name not in names]
+    del probe.graph.value_info[:]
+    probe.graph.value_info.extend(inner)
+    del probe.graph.output[:]
+    probe.graph.output.extend(value_info(v.name, v.type) for v in values)
+    return probe
+
+
+def _ort_value(array: np.ndarray) -> ort.OrtValue:
+    if array.dtype == ml_dtypes.bfloat16:
+        if not hasattr(ort.OrtValue, "ortvalue_from_numpy_with_onnx_type"):
+            raise ExecutionError(f"ONNX Runtime {ort.__version__} cannot exchange bfloat16 arrays with Python (it has no "
+                                 f"OrtValue.ortvalue_from_numpy_with_onnx_type); use a newer ONNX Runtime or the numpy "
+                                 f"runtime for bfloat16 graphs")
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def _concrete(shape: tuple, bindings: dict[str, int]) -> tuple[int, ...] | None:
+    dims = [d if isinstance(d, int) else bindings.get(d) for d in shape]
+    return None if any(d is None for d in dims) else tuple(dims)
+
+
+def _validate_node(node: Node, known: Mapping[str, np.ndarray], types: Mapping[str, TensorType], final: bool) -> bool:
+    """Validate ``node``'s data if every value it reads is at hand; return whether it ran.
+
+    Inputs of which only the shape is read get a zero-cost stand-in of their concrete shape.
+    """
+    args: list[np.ndarray | None] = []
+    for spec, value in zip(node.schema.inputs, node.inputs):
+        if value is None:
+            args.append(None)
+        elif value.name in known:
+            args.append(known[value.name])
+        elif spec.name not in node.schema.validated_inputs and value.name in types:
+            t = types[value.name]
+            args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
+        elif final:
+            raise AssertionError(f"{describe(node)}: input '{value.name}' was not probed")
+        else:
+            return False
+    validate_node_data(node, args)
+    return True
+
+
+def _probe_model(model: onnx.ModelProto, values: list[Value]) -> onnx.ModelProto:
+    """A copy of ``model`` computing only ``values`` (inner values of the graph), its outputs."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    needed = {v.name for v in values}
+    kept = []
+    for node in reversed(probe.graph.node):        # the model's nodes are in topological order
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+    del probe.graph.node[:]
+    probe.graph.node.extend(reversed(kept))
+    names = {v.name for v in values}
+    inner = [vi for vi in probe.graph.value_info if vi.name not in names]
+    del probe.graph.value_info[:]
+    probe.graph.value_info.extend(inner)
+    del probe.graph.output[:]
+    probe.graph.output.extend(value_info(v.name, v.type) for v in values)
+    return probe
+
 
 def _ort_value(array: np.ndarray) -> ort.OrtValue:
     if array.dtype == ml_dtypes.bfloat16:
@@ -114,31 +244,32 @@ def _concrete(shape: tuple, bindings: dict[str, int]) -> tuple[int, ...] | None:
 
 
 def validate_graph_inputs(graph: Graph, arrays: dict[str, np.ndarray], bindings: dict[str, int]) -> None:
-    """Run each node's data validation where the values it reads are graph inputs or constants.
-
-    Inside the model nothing can be checked (the function bodies stay memory-safe), so this is
-    where bad indices or lengths fed to the graph are caught, naming the node and input.
-    """
+    """Run the data rules of every node whose values are graph inputs or constants (shape checks first)."""
+    order = graph.topological_order()
+    types = concrete_types(graph, order, {name: a.shape for name, a in arrays.items()})
     known = dict(graph.constants) | arrays
-    for node in graph.topological_order():
-        schema = node.schema
-        if schema.validate is None:
-            continue
-        args = []
-        readable = True
-        for spec, value in zip(schema.inputs, node.inputs):
-            if value is None:
-                args.append(None)
-            elif value.name in known:
-                args.append(known[value.name])
-            elif spec.name in schema.validated_inputs:
-                readable = False
-                break
-            else:                                     # only its shape is read: a zero-cost stand-in
-                shape = _concrete(value.type.shape, bindings)
-                if shape is None:
-                    readable = False
-                    break
-                args.append(np.broadcast_to(np.zeros((), value.type.dtype.numpy), shape))
-        if readable:
-            schema.validate(DataContext(schema, node.name, args, node.attributes, location=node.location))
+    for node in order:
+        if node.schema.validate is not None:
+            _validate_with(node, known, types, final=False)
+
+
+def _validate_with(node: Node, known: Mapping[str, np.ndarray], types: Mapping[str, TensorType], final: bool) -> bool:
+    """Validate ``node``'s data if every value it reads is in ``known``; return whether it ran.
+
+    Inputs of which only the shape is read get a zero-cost stand-in of their concrete shape.
+    """
+    args: list[np.ndarray | None] = []
+    for spec, value in zip(node.schema.inputs, node.inputs):
+        if value is None:
+            args.append(None)
+        elif value.name in known and (spec.name in node.schema.validated_inputs or value.name not in types):
+            args.append(known[value.name])
+        elif spec.name in node.schema.validated_inputs or value.name not in types:
+            if final:
+                raise AssertionError(f"{describe(node)}: no value for input '{value.name}' to validate")
+            return False
+        else:
+            t = types[value.name]
+            args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
+    validate_node_data(node, args)
+    return True

@@ -78,3 +78,164 @@ def test_a_graph_input_that_is_also_an_output_is_returned_as_fed(runtime):
         np.testing.assert_array_equal(out["x"], feeds["x"])
         np.testing.assert_array_equal(out["c"], feeds["c"])
         assert not np.shares_memory(out["x"], feeds["x"])
+
+
+def _same_error_on_both(graph: geir.Graph, feeds: dict[str, np.ndarray], rule: str) -> str:
+    """Both runtimes raise ExecutionError with the same text, naming ``rule``; return the text."""
+    messages = []
+    for runtime in RUNTIMES:
+        with pytest.raises(ExecutionError) as info:
+            geir.run(graph, feeds, runtime=runtime)
+        assert info.value.rule == rule, (runtime, str(info.value))
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert f"[{rule}]" in messages[0]
+    return messages[0]
+
+
+def _sfa_with_computed_indices(indices: np.ndarray, layout: str = "BSND"):
+    """A forward whose sparse_indices are computed inside the graph (fed indices + a constant 0)."""
+    from oracles.sfa_cases import SfaCase
+
+    case = SfaCase(layout=layout, B=1, S1=3, S2=8, N1=2, K=4, bs=2, mode=0)
+    arrays = case.arrays()
+    b = geir.GraphBuilder("computed_indices")
+    feeds = {k: v for k, v in arrays.items() if v is not None and k != "sparse_indices"}
+    values = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}
+    raw = b.input("raw_indices", "int32", indices.shape)
+    values["sparse_indices"] = b.op("Add", raw, b.constant("zero", np.zeros((), np.int32)))
+    outs = b.SparseFlashAttention(**values, **case.forward_attrs(), name="sfa")
+    b.output(outs[0], "attention_out")
+    feeds["raw_indices"] = indices
+    return b.build(), feeds
+
+
+@pytest.mark.parametrize("row, what", [([0, 4, -1, -1], "in [0, 4)"), ([1, 1, -1, -1], "repeat"),
+                                       ([0, -1, 2, -1], "-1")])
+def test_sfa_indices_computed_inside_the_graph_are_validated_on_both_runtimes(row, what):
+    indices = np.tile(np.array([0, 1, -1, -1], np.int32), (1, 3, 1, 1))
+    indices[0, 1, 0] = row
+    graph, feeds = _sfa_with_computed_indices(indices)
+    text = _same_error_on_both(graph, feeds, "SA-D3")
+    assert "'sfa'" in text and "s1=1" in text
+    valid = np.tile(np.array([0, 1, -1, -1], np.int32), (1, 3, 1, 1))
+    feeds["raw_indices"] = valid
+    ours, theirs = (geir.run(graph, feeds, runtime=r)["attention_out"] for r in RUNTIMES)
+    np.testing.assert_allclose(theirs.astype(np.float32), ours.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("op", ["forward", "grad"])
+def test_moe_indices_computed_inside_the_graph_are_validated_on_both_runtimes(op):
+    b = geir.GraphBuilder("moe_computed")
+    tokens = b.input("tokens", "float32", (4, 3))
+    raw = b.input("raw", "int32", (4,))
+    probs = b.input("probs", "float32", (2, 2))
+    indices = b.op("Add", raw, b.constant("zero", np.zeros((), np.int32)))
+    if op == "forward":
+        b.output(b.MoeTokenUnpermute(tokens, indices, probs, name="moe"), "y")
+        rule = "MU-D1"
+    else:
+        dy = b.input("dy", "float32", (2, 3))
+        ptg, pg = b.MoeTokenUnpermuteGrad(tokens, dy, indices, probs, name="moe")
+        b.output(ptg, "ptg")
+        b.output(pg, "pg")
+        rule = "MG-D1"
+    g = b.build()
+    feeds = {"tokens": np.ones((4, 3), np.float32), "raw": np.array([0, 2, 2, 1], np.int32),
+             "probs": np.ones((2, 2), np.float32)}
+    if op == "grad":
+        feeds["dy"] = np.ones((2, 3), np.float32)
+    text = _same_error_on_both(g, feeds, rule)
+    assert "'moe'" in text and "positions 1 and 2" in text
+
+
+def test_fed_zero_size_tensor_is_refused_on_both_runtimes():
+    b = geir.GraphBuilder("zero")
+    x = b.input("x", "float32", ("B", 2, 1, 4))
+    c = b.input("c", "float32", (1, 2, 1, 4))
+    b.output(b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 4], name="rope"), "dx")
+    g = b.build()
+    text = _same_error_on_both(g, {"x": np.ones((0, 2, 1, 4), np.float32), "c": np.ones((1, 2, 1, 4), np.float32)},
+                               "RP-S6")
+    assert "'rope'" in text and "dim 0" in text and "on the fed shapes" in text
+
+
+def test_fed_moe_length_mismatch_is_refused_on_both_runtimes():
+    b = geir.GraphBuilder("moe_sym")
+    dy = b.input("dy", "float32", ("T", 3))
+    indices = b.input("indices", "int32", (6,))     # M == T * 1 is decided only on the fed T
+    ptg, pg = b.MoeTokenUnpermuteGrad(None, dy, indices, name="moe")
+    b.output(ptg, "ptg")
+    b.output(pg, "pg")
+    g = b.build()
+    text = _same_error_on_both(g, {"dy": np.ones((2, 3), np.float32), "indices": np.arange(6, dtype=np.int32)},
+                               "MG-S2")
+    assert "'moe'" in text
+
+
+def _sfa_symbolic(layout: str, lengths: int = 1, d2: int | str = "D"):
+    """A forward with symbolic leading dims and static length tensors: their rules wait for the feeds."""
+    lead_q, lead_k = (("B", "S1"), ("B", "S2")) if layout == "BSND" else (("T1",), ("T2",))
+    b = geir.GraphBuilder("sfa_sym")
+    q = b.input("query", "float16", (*lead_q, 2, "D"))
+    k = b.input("key", "float16", (*lead_k, 1, "D"))
+    v = b.input("value", "float16", (*lead_k, 1, d2))
+    idx = b.input("sparse_indices", "int32", (*lead_q, 1, 2))
+    aq = b.input("actual_seq_lengths_query", "int32", (lengths,))
+    akv = b.input("actual_seq_lengths_kv", "int32", (lengths,))
+    outs = b.SparseFlashAttention(q, k, v, idx, None, aq, akv, scale_value=0.5, layout_query=layout,
+                                  layout_kv=layout, sparse_mode=0, name="sfa")
+    b.output(outs[0], "attention_out")
+    return b.build()
+
+
+def _sfa_feeds(layout: str, batch: int, lengths: int, d2: int = 4) -> dict[str, np.ndarray]:
+    lead_q, lead_k = ((batch, 3), (batch, 4)) if layout == "BSND" else ((3,), (4,))
+    return {"query": np.ones((*lead_q, 2, 4), np.float16), "key": np.ones((*lead_k, 1, 4), np.float16),
+            "value": np.ones((*lead_k, 1, d2), np.float16),
+            "sparse_indices": np.zeros((*lead_q, 1, 2), np.int32) - 1,
+            "actual_seq_lengths_query": np.full(lengths, 3, np.int32),
+            "actual_seq_lengths_kv": np.full(lengths, 4, np.int32)}
+
+
+def test_fed_sfa_length_tensor_of_the_wrong_length_is_refused_on_both_runtimes():
+    g = _sfa_symbolic("BSND", lengths=2)
+    text = _same_error_on_both(g, _sfa_feeds("BSND", batch=1, lengths=2), "SA-S7b")
+    assert "'sfa'" in text and "actual_seq_lengths_query" in text
+    ok = _sfa_feeds("BSND", batch=2, lengths=2)
+    for runtime in RUNTIMES:
+        assert geir.run(g, ok, runtime=runtime)["attention_out"].shape == (2, 3, 2, 4)
+
+
+def test_fed_sfa_value_wider_than_key_is_refused_on_both_runtimes():
+    g = _sfa_symbolic("BSND", d2=8)
+    _same_error_on_both(g, _sfa_feeds("BSND", batch=1, lengths=1, d2=8), "SA-S5")
+
+
+def test_declared_equal_symbols_export_as_one_dim_param_and_run_on_both_runtimes():
+    b = geir.GraphBuilder("equal")
+    dy = b.input("dy", "float32", ("T", 3))
+    indices = b.input("indices", "int32", ("M",))
+    b.declare_equal("T", "M")
+    ptg, pg = b.MoeTokenUnpermuteGrad(None, dy, indices, name="moe")
+    b.output(ptg, "ptg")
+    b.output(pg, "pg")
+    g = b.build()
+    model = geir.to_onnx(g)
+    params = {d.dim_param for vi in [*model.graph.input, *model.graph.output] for d in vi.type.tensor_type.shape.dim
+              if d.dim_param}
+    assert params == {"M"}
+    feeds = {"dy": np.arange(12, dtype=np.float32).reshape(4, 3), "indices": np.array([2, 0, 3, 1], np.int32)}
+    ours, theirs = (geir.run(g, feeds, runtime=r) for r in RUNTIMES)
+    np.testing.assert_array_equal(theirs["ptg"], ours["ptg"])
+    np.testing.assert_array_equal(ours["ptg"][feeds["indices"]], feeds["dy"])
+    again = geir.from_onnx(model)
+    np.testing.assert_array_equal(geir.run(again, feeds)["ptg"], ours["ptg"])
+
+
+def test_unequal_symbols_error_names_declare_equal():
+    b = geir.GraphBuilder("unequal")
+    dy = b.input("dy", "float32", ("T", 3))
+    indices = b.input("indices", "int32", ("M",))
+    with pytest.raises(geir.GraphError, match=r"\[MG-S2\].*got M; .*declare_equal\('T', 'M'\)"):
+        b.MoeTokenUnpermuteGrad(None, dy, indices, name="moe")

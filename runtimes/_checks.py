@@ -1,0 +1,68 @@
+"""Checks both runtimes run before a node computes: its semantic rules on the fed (concrete) shapes
+and its run-time data rules. Written once, so both runtimes raise the same ExecutionError text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from geir._core import Graph, Node
+from geir._errors import ExecutionError, GraphError
+from geir._types import TensorType
+from geir.passes import infer_node
+from geir.schemas import DataContext
+
+__all__ = ["concrete_types", "describe", "is_symbolic", "output_types_on", "validate_node_data"]
+
+
+def describe(node: Node) -> str:
+    """``Op 'name' (built at file:line)``, as every runtime error names a node."""
+    return f"{node.op_type} '{node.name}'" + (f" (built at {node.location})" if node.location else "")
+
+
+def is_symbolic(node: Node) -> bool:
+    """Whether some input type holds a symbol, so rules may have been deferred at build time."""
+    return not all(v.type.is_static for v in node.inputs if v is not None)
+
+
+def output_types_on(graph: Graph, node: Node, shapes: Sequence[tuple[int, ...] | None]) -> list[TensorType | None]:
+    """Re-run ``node``'s semantic rules and inference on concrete input shapes; its output types.
+
+    Raises ExecutionError (rule id, node, operand and dim, as the build-time GraphError said them).
+    """
+    concrete = [None if s is None else TensorType(v.type.dtype, s) for v, s in zip(node.inputs, shapes)]
+    try:
+        _, types = infer_node(node, graph.symbols, concrete, graph.constants)
+    except GraphError as exc:
+        raise ExecutionError(f"{exc.message} (on the fed shapes; {describe(node)})", node=node.name,
+                             rule=exc.rule) from None
+    return list(types)
+
+
+def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorType]:
+    """Concrete types of every value whose shape follows from the fed shapes, checking each symbolic node.
+
+    Nodes whose inputs are all known are re-checked on them (``output_types_on``); a value whose
+    shape depends on data (a computed Reshape target, say) stays unknown, and so does what it feeds.
+    """
+    known: dict[str, TensorType] = {v.name: TensorType(v.type.dtype, shapes[v.name]) for v in graph.inputs
+                                    if v.name in shapes}
+    known.update({c.name: c.type for c in graph.constant_values})
+    for node in order:
+        inputs = [None if v is None else known.get(v.name, v.type if v.type.is_static else None) for v in node.inputs]
+        unknown = any(v is not None and t is None for v, t in zip(node.inputs, inputs))
+        if unknown or not is_symbolic(node):
+            types = [None if v is None else v.type for v in node.outputs]
+        else:
+            types = output_types_on(graph, node, [None if t is None else t.shape for t in inputs])
+        for value, t in zip(node.outputs, types):
+            if value is not None and t is not None and t.is_static:
+                known[value.name] = t
+    return known
+
+
+def validate_node_data(node: Node, arrays: Sequence[np.ndarray | None]) -> None:
+    """The node's run-time data rules (``..-D#``) on the arrays it reads; ExecutionError on bad data."""
+    if node.schema.validate is not None:
+        node.schema.validate(DataContext(node.schema, node.name, arrays, node.attributes, location=node.location))
