@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from .._threads import num_threads
 
 __all__ = ["num_threads", "parallel_for"]
 
@@ -14,14 +15,6 @@ MIN_BLOCKS_PER_THREAD = 4
 """Below this much work per thread, the hand-off costs more than it saves."""
 
 _pool: ThreadPoolExecutor | None = None
-
-
-def num_threads() -> int:
-    """Worker threads: ``GEIR_NUM_THREADS`` if set, else the CPUs this process may use."""
-    configured = os.environ.get("GEIR_NUM_THREADS")
-    if configured:
-        return max(1, int(configured))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def parallel_for(work: Callable[[list[T]], None], items: Sequence[T]) -> None:

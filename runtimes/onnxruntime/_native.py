@@ -1,8 +1,19 @@
 """The native custom-op library: built from ``native/geir_ort.c`` with the machine's C compiler on
 first use, cached, loaded into sessions, and proven by a self-test before it is trusted.
 
-``GEIR_NATIVE=0`` disables it; when it cannot be built, loaded or proven, sessions run the
-ONNX function bodies instead and geir says so once (a GeirWarning).
+Trust rules for the cache (a library there runs its code inside this process):
+- the cache directory must be a directory owned by the current user and writable by no one else
+  (as ssh treats its key files); geir creates it with mode 0700;
+- a library is loaded only if it is a regular file owned by the current user, writable by no one
+  else, and its SHA-256 equals the one recorded beside it when geir built it (``<name>.sha256``);
+  anything else is rebuilt, never loaded;
+- builds go to a private temporary file that is renamed into place (atomic), the compiler runs
+  with a time limit, and the self-test runs every kernel family (rotary, MoE forward and grad)
+  against the NumPy runtime before the library is used.
+
+``GEIR_NATIVE=0`` (or ``false``, ``no``, ``off``) disables it; when it cannot be built, loaded or
+proven, sessions run the ONNX function bodies instead and geir says so once (a GeirWarning).
+Initialisation is serialised: concurrent first callers all get the same answer.
 """
 
 from __future__ import annotations
@@ -10,22 +21,35 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
 from geir._errors import GeirWarning
 
-__all__ = ["native_library", "native_status"]
+__all__ = ["COMPILE_TIMEOUT_S", "find_compiler", "native_library", "native_status"]
 
 SOURCE = Path(__file__).with_name("native") / "geir_ort.c"
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-Wall"]
 """``-ffp-contract=off``: no FMA contraction, so results stay bit-identical to the NumPy runtime."""
+COMPILE_TIMEOUT_S = 300.0
+"""A compiler that runs longer than this is stopped and the function bodies are used."""
+MAX_LIBRARY_BYTES = 64 << 20
+"""A cached file larger than this is not ours."""
+DISABLED = ("0", "false", "no", "off")
 
 _state: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+class _Untrusted(RuntimeError):
+    """A cache path that must not be used (wrong owner, writable by others, not a regular file)."""
 
 
 def _cache_dir() -> Path:
@@ -34,70 +58,179 @@ def _cache_dir() -> Path:
     return Path(base)
 
 
-def _build() -> Path:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def _check_owner(info: os.stat_result, path: Path, what: str) -> None:
+    if info.st_uid != os.geteuid():
+        raise _Untrusted(f"{what} {path} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _Untrusted(f"{what} {path} is writable by others (mode {stat.filemode(info.st_mode)})")
+
+
+def _trusted_dir() -> Path:
+    """The cache directory, created private if missing; _Untrusted unless this user alone may write it."""
+    directory = _cache_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.stat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise _Untrusted(f"cache path {directory} is not a directory")
+    _check_owner(info, directory, "cache directory")
+    return directory
+
+
+def _read_trusted(path: Path, limit: int) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file this user owns and alone may write; None if missing.
+
+    Opens without following links and without blocking (a FIFO there never hangs us).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _Untrusted(f"cannot open {path} safely: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _Untrusted(f"{path} is not a regular file")
+        _check_owner(info, path, "cached file")
+        if info.st_size > limit:
+            raise _Untrusted(f"{path} is {info.st_size} bytes, more than {limit}")
+        return f.read(limit + 1)
+
+
+def _write_atomically(directory: Path, name: str, data: bytes) -> None:
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, directory / name)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def find_compiler() -> list[str] | None:
+    """The C compiler command: ``CC`` if set, else ``cc`` or ``gcc`` from PATH; None if there is none."""
+    configured = os.environ.get("CC", "").strip()
+    if configured:
+        return shlex.split(configured)
+    found = shutil.which("cc") or shutil.which("gcc")
+    return [found] if found else None
+
+
+def _compiler() -> list[str]:
+    compiler = find_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    return compiler
+
+
+def _build() -> Path:
+    """The cached library for this source and compiler, verified or freshly built."""
+    compiler = _compiler()
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *CFLAGS, sys.platform]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"libgeir_ort-{key}.so"
-    if target.exists():
+    key = hashlib.sha256(source + " ".join([*compiler, *CFLAGS, sys.platform]).encode()).hexdigest()[:16]
+    directory = _trusted_dir()
+    target = directory / f"libgeir_ort-{key}.so"
+    library = _read_trusted(target, MAX_LIBRARY_BYTES)
+    recorded = _read_trusted(target.with_name(target.name + ".sha256"), 64)
+    if library is not None and recorded is not None and hashlib.sha256(library).hexdigest().encode() == recorded:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *CFLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
+    os.close(fd)
+    try:
+        try:
+            result = subprocess.run([*compiler, *CFLAGS, "-o", temp, str(SOURCE)], capture_output=True, text=True,
+                                    timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{compiler[0]} did not finish within {COMPILE_TIMEOUT_S:g} s") from None
         if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
-        os.replace(built, target)   # atomic: a concurrent build finds a whole file or none
+            raise RuntimeError(f"{compiler[0]} failed: {result.stderr.strip()[:500]}")
+        built = Path(temp).read_bytes()
+        _write_atomically(directory, target.name + ".sha256", hashlib.sha256(built).hexdigest().encode())
+        os.chmod(temp, 0o700)
+        os.replace(temp, target)   # atomic: a concurrent reader finds a whole file or none
+    finally:
+        Path(temp).unlink(missing_ok=True)
     return target
 
 
+def _counter(path: Path) -> ctypes._CFuncPtr:
+    counter = ctypes.CDLL(str(path)).geir_native_calls
+    counter.restype = ctypes.c_long
+    return counter
+
+
 def _self_test(path: Path) -> None:
-    """Run a rotary grad through a session with the library; its call counter must move."""
+    """Run each kernel family through a session with the library: its call counter must move and the
+    result must equal the NumPy runtime's bit for bit."""
     import numpy as np
     import onnxruntime as ort
 
     import geir
 
+    rng = np.random.default_rng(0)
     b = geir.GraphBuilder("geir_native_self_test")
     x = b.input("x", "float16", (1, 2, 2, 8))
     c = b.input("c", "float16", (1, 2, 1, 8))
-    b.output(b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 8]), "y")
+    tokens = b.input("tokens", "float32", (6, 5))
+    indices = b.input("indices", "int32", (6,))
+    probs = b.input("probs", "float32", (3, 2))
+    dy = b.input("dy", "float32", (3, 5))
+    b.output(b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 8]), "rotary")
+    b.output(b.MoeTokenUnpermute(tokens, indices, probs), "unpermuted")
+    ptg, pg = b.MoeTokenUnpermuteGrad(tokens, dy, indices, probs)
+    b.output(ptg, "ptg")
+    b.output(pg, "pg")
     graph = b.build()
     feeds = {"x": np.linspace(-2, 2, 32, dtype=np.float16).reshape(1, 2, 2, 8),
-             "c": np.linspace(-1, 1, 16, dtype=np.float16).reshape(1, 2, 1, 8)}
+             "c": np.linspace(-1, 1, 16, dtype=np.float16).reshape(1, 2, 1, 8),
+             "tokens": rng.standard_normal((6, 5)).astype(np.float32),
+             "indices": rng.permutation(6).astype(np.int32),
+             "probs": rng.uniform(size=(3, 2)).astype(np.float32),
+             "dy": rng.standard_normal((3, 5)).astype(np.float32)}
     options = ort.SessionOptions()
     options.register_custom_ops_library(str(path))
-    counter = ctypes.CDLL(str(path)).geir_native_calls
-    counter.restype = ctypes.c_long
+    counter = _counter(path)
     before = counter()
     session = ort.InferenceSession(geir.to_onnx(graph).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    got = session.run(None, feeds)[0]
-    if counter() == before:
-        raise RuntimeError("the self-test ran the function body, not the native kernel (ONNX Runtime older than "
-                           "1.17 offers no API version 17)")
-    want = geir.run(graph, feeds)["y"]
-    if not np.array_equal(got.view(np.uint16), want.view(np.uint16)):
-        raise RuntimeError("the native kernel's self-test result differs from the NumPy runtime")
+    names = [v.name for v in graph.outputs]
+    got = dict(zip(names, session.run(names, feeds)))
+    if counter() - before != 3:
+        raise RuntimeError(f"the self-test ran {counter() - before} of 3 native kernels (ONNX Runtime older than "
+                           f"1.17 offers no API version 17)")
+    want = geir.run(graph, feeds)
+    for name in ("rotary", "unpermuted", "ptg"):
+        if not np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)):
+            raise RuntimeError(f"the native kernel's self-test result '{name}' differs from the NumPy runtime")
+    if not np.allclose(got["pg"], want["pg"], rtol=1e-5, atol=1e-6):
+        raise RuntimeError("the native kernel's self-test result 'pg' differs from the NumPy runtime")
+
+
+def _initialise() -> tuple[str | None, str | None]:
+    """(library path, None) or (None, why not); warns once when the library cannot be used."""
+    setting = os.environ.get("GEIR_NATIVE", "1")
+    if setting.strip().lower() in DISABLED:
+        return None, f"disabled by GEIR_NATIVE={setting}"
+    try:
+        path = _build()
+        _self_test(path)
+        return str(path), None
+    except Exception as exc:  # any failure means: run the function bodies, and say why once
+        reason = f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"geir: native ONNX Runtime kernels unavailable ({reason}); running the ONNX function bodies "
+                      f"instead", GeirWarning, stacklevel=4)
+        return None, reason
 
 
 def native_library() -> str | None:
-    """Path of the loaded native library, or None (disabled, unbuildable or failed its self-test)."""
+    """Path of the loaded native library, or None (disabled, unbuildable, untrusted or failed its self-test)."""
     if "path" not in _state:
-        _state["path"], _state["reason"] = None, None
-        if os.environ.get("GEIR_NATIVE", "1") == "0":
-            _state["reason"] = "disabled by GEIR_NATIVE=0"
-            return None
-        try:
-            path = _build()
-            _self_test(path)
-            _state["path"] = str(path)
-        except Exception as exc:  # any failure means: run the function bodies, and say why once
-            _state["reason"] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"geir: native ONNX Runtime kernels unavailable ({_state['reason']}); running the ONNX "
-                          f"function bodies instead", GeirWarning, stacklevel=2)
+        with _lock:   # the first caller builds; the others wait for its answer
+            if "path" not in _state:
+                path, reason = _initialise()
+                _state["reason"] = reason
+                _state["path"] = path   # published last: a caller that sees it sees the reason too
     return _state["path"]  # type: ignore[return-value]
 
 

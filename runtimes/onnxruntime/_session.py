@@ -19,7 +19,7 @@ from geir._types import TensorType
 
 from .._checks import concrete_types, describe, validate_node_data
 from .._feeds import validate_feeds
-from ..numpy._parallel import num_threads
+from .._threads import num_threads
 from ._native import native_library
 
 __all__ = ["OnnxRuntimeExecutable", "OnnxRuntimeRuntime"]

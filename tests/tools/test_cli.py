@@ -33,7 +33,10 @@ def test_bench_quick_prints_one_table_with_both_runtimes(capsys):
     assert main(["bench", "rotary", "moe", "--quick", "--repeat", "1"]) == 0
     captured = capsys.readouterr()
     out = "\n".join(line for line in captured.out.splitlines() if line.startswith(("Inplace", "Moe")))
-    assert "onnxruntime: native kernels:" in captured.out and "vs baseline" in captured.out
+    from geir.runtimes.onnxruntime._native import find_compiler
+
+    kernels = "native kernels:" if find_compiler() is not None else "function bodies only (RuntimeError: no C compiler"
+    assert f"onnxruntime: {kernels}" in captured.out and "vs baseline" in captured.out
     for impl, count in (("np.copyto(dy)", 2), ("naive NumPy formula", 4), ("np.copyto of the same bytes", 2),
                         ("same, into a fresh buffer", 2)):
         assert out.count(impl) == count, impl

@@ -88,6 +88,16 @@ typedef const char* (*GetBuildInfoStringFn)(void);
 static volatile long g_calls;
 long geir_native_calls(void) { return g_calls; }
 
+/* Every kernel allocation goes through scratch(), so the tests can make the n-th next one fail
+ * (geir_fail_allocation(n)) and prove that the failure reaches the caller as an error. */
+static long g_fail_in = -1;
+void geir_fail_allocation(long n) { __atomic_store_n(&g_fail_in, n, __ATOMIC_SEQ_CST); }
+static void* scratch(size_t bytes, int zeroed) {
+  if (__atomic_load_n(&g_fail_in, __ATOMIC_SEQ_CST) >= 0 && __atomic_fetch_sub(&g_fail_in, 1, __ATOMIC_SEQ_CST) == 0)
+    return NULL;
+  return zeroed ? calloc(bytes, 1) : malloc(bytes);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* float16 / bfloat16 <-> float32                                                            */
 
@@ -195,6 +205,12 @@ static OrtStatus* error(const char* op, const char* fmt, long a, long b, long c)
   snprintf(detail, sizeof detail, fmt, a, b, c);
   snprintf(msg, sizeof msg, "%s (geir native kernel): %s", op, detail);
   return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_INVALID_ARGUMENT, msg);
+}
+
+static OrtStatus* out_of_memory(const char* op) {
+  char msg[200];
+  snprintf(msg, sizeof msg, "%s (geir native kernel): out of memory for a scratch buffer", op);
+  return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, msg);
 }
 
 static OrtStatus* describe(const OrtValue* value, Tensor* t) {
@@ -405,8 +421,8 @@ static OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
 /* MoE token unpermute (spec 3.3); sorted_indices[t*K + k] is the row of slot (t, k)          */
 
 static OrtStatus* check_permutation(const char* op, const int32_t* s, int64_t m) {
-  unsigned char* seen = (unsigned char*)calloc((size_t)(m > 0 ? m : 1), 1);
-  if (!seen) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, "out of memory");
+  unsigned char* seen = (unsigned char*)scratch((size_t)(m > 0 ? m : 1), 1);
+  if (!seen) return out_of_memory(op);
   OrtStatus* st = NULL;
   for (int64_t i = 0; i < m && !st; i++) {
     if (s[i] < 0 || s[i] >= m)
@@ -424,6 +440,7 @@ typedef struct {
   int has_probs, has_tokens;
   int64_t tokens_n, topk, hidden, rows, per_task;
   int32_t* slot_of_row; /* the grad's inverse of sorted_indices */
+  int failed;           /* a task could not allocate its row buffer: the kernel returns an error */
 } MoeJob;
 
 static void moe_forward_task(void* user, size_t task) {
@@ -431,8 +448,11 @@ static void moe_forward_task(void* user, size_t task) {
   int64_t H = j->hidden, K = j->topk;
   const int32_t* s = (const int32_t*)j->indices.data;
   size_t ts = elem_size(j->tokens.type), ps = j->has_probs ? elem_size(j->probs.type) : 0;
-  float* acc = (float*)malloc((size_t)(2 * H + 1) * sizeof(float));
-  if (!acc) return;
+  float* acc = (float*)scratch((size_t)(2 * H + 1) * sizeof(float), 0);
+  if (!acc) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_SEQ_CST);
+    return;
+  }
   float* row = acc + H;
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
   if (last > j->tokens_n) last = j->tokens_n;
@@ -471,8 +491,11 @@ static void moe_grad_task(void* user, size_t task) {
   int64_t H = j->hidden, K = j->topk, M = j->tokens_n * K;
   const int32_t* slot_of_row = j->slot_of_row;
   size_t gs = elem_size(j->grad.type);
-  float* buf = (float*)malloc((size_t)(2 * H + 1) * sizeof(float));
-  if (!buf) return;
+  float* buf = (float*)scratch((size_t)(2 * H + 1) * sizeof(float), 0);
+  if (!buf) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_SEQ_CST);
+    return;
+  }
   float *dy = buf, *row = buf + H;
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
   if (last > M) last = M;
@@ -512,15 +535,17 @@ static void moe_grad_task(void* user, size_t task) {
   free(buf);
 }
 
-static OrtStatus* moe_run(OrtKernelContext* ctx, MoeJob* j, void (*task)(void*, size_t), int64_t items,
-                          int64_t per_item) {
+static OrtStatus* moe_run(OrtKernelContext* ctx, const char* op, MoeJob* j, void (*task)(void*, size_t),
+                          int64_t items, int64_t per_item) {
   j->per_task = (1 << 15) / (per_item + 1) + 1;
   size_t tasks = (size_t)((items + j->per_task - 1) / j->per_task);
-  if (tasks <= 1) {
-    if (tasks) task(j, 0);
-    return NULL;
-  }
-  return FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, task, tasks, 0, j);
+  OrtStatus* st = NULL;
+  if (tasks == 1)
+    task(j, 0);
+  else if (tasks > 1)
+    st = FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, task, tasks, 0, j);
+  if (!st && __atomic_load_n(&j->failed, __ATOMIC_SEQ_CST)) st = out_of_memory(op);
+  return st;
 }
 
 static OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx) {
@@ -548,7 +573,7 @@ static OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx) {
   j.hidden = j.tokens.dims[1];
   int64_t dims[2] = {j.tokens_n, j.hidden};
   st = output(ctx, 0, dims, 2, &j.out);
-  return st ? st : moe_run(ctx, &j, moe_forward_task, j.tokens_n, j.hidden * j.topk);
+  return st ? st : moe_run(ctx, op, &j, moe_forward_task, j.tokens_n, j.hidden * j.topk);
 }
 
 static OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
@@ -583,11 +608,11 @@ static OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
   if (!st) st = output(ctx, 1, pdims, 2, &j.probs_grad);
   if (st) return st;
   if (!j.has_probs) memset(j.probs_grad.data, 0, (size_t)j.probs_grad.size * elem_size(j.probs_grad.type));
-  j.slot_of_row = (int32_t*)malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
-  if (!j.slot_of_row) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, "out of memory");
+  j.slot_of_row = (int32_t*)scratch((size_t)(m > 0 ? m : 1) * sizeof(int32_t), 0);
+  if (!j.slot_of_row) return out_of_memory(op);
   const int32_t* s = (const int32_t*)j.indices.data;
   for (int64_t i = 0; i < m; i++) j.slot_of_row[s[i]] = (int32_t)i;
-  st = moe_run(ctx, &j, moe_grad_task, m, j.hidden);
+  st = moe_run(ctx, op, &j, moe_grad_task, m, j.hidden);
   free(j.slot_of_row);
   return st;
 }

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -17,7 +12,10 @@ import pytest
 import geir
 from geir.runtimes.onnxruntime import native_library, native_status
 from helpers import ROPE, ROPE_GRAD, moe_grad_graph, moe_graph, random_feeds, rotary_graph
+from native_helpers import requires_compiler, run_isolated
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
+
+pytestmark = requires_compiler
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 FWD_COMBOS = [("float16", "float16"), ("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float32"),
@@ -101,15 +99,9 @@ def test_moe_native_without_probs(tt):
     assert bits_equal(theirs["ptg"], ours["ptg"]) and bits_equal(theirs["pg"], ours["pg"])
 
 
-def _run_isolated(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (its own native-library state), from the repository root."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=str(Path(__file__).parents[3]))
-
-
 def test_bad_shapes_reaching_a_kernel_raise_not_crash():
     """A model that bypasses geir's checks: the kernel returns an ONNX Runtime error, the process lives on."""
-    result = _run_isolated("""
+    result = run_isolated("""
         import numpy as np, onnxruntime as ort
         from onnx import helper, TensorProto as T
         from geir.runtimes.onnxruntime import native_library
@@ -147,7 +139,7 @@ def test_bad_shapes_reaching_a_kernel_raise_not_crash():
 
 
 def test_geir_native_0_runs_the_function_bodies():
-    result = _run_isolated("""
+    result = run_isolated("""
         import numpy as np, geir
         from geir.runtimes.onnxruntime import native_library, native_status
         b = geir.GraphBuilder("g")
@@ -168,7 +160,7 @@ def test_geir_native_0_runs_the_function_bodies():
 
 
 def test_unbuildable_library_falls_back_and_says_so_once():
-    result = _run_isolated("""
+    result = run_isolated("""
         import warnings
         warnings.simplefilter("always")
         import numpy as np, geir

@@ -1,0 +1,253 @@
+"""The native library never crashes the process, never loads what geir did not build, never hangs:
+scratch-allocation failures, corrupted or planted cache files, shared cache directories, FIFOs,
+compilers that never exit, concurrent first use, and the environment switches."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import geir
+from geir import ExecutionError
+from geir.runtimes.onnxruntime import native_library
+from helpers import moe_grad_graph, moe_graph
+from native_helpers import requires_compiler, run_isolated
+
+PLANTED = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+  FILE* f = fopen(getenv("GEIR_TEST_MARKER"), "w");
+  if (f) { fputs("ran", f); fclose(f); }
+}
+"""
+
+STATUS = """
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from geir.runtimes.onnxruntime import native_library, native_status
+        path = native_library()
+    print(repr(path))
+    print(native_status())
+    print(len(caught))
+"""
+
+
+def _status(cache: Path, **env: str) -> tuple[str | None, str, int]:
+    """(library path or None, status line, number of warnings) from a fresh interpreter."""
+    result = run_isolated(STATUS, env={"GEIR_CACHE_DIR": str(cache), **env}, timeout=240)
+    assert result.returncode == 0, result.stderr
+    path, status, warned = result.stdout.strip().splitlines()[-3:]
+    return eval(path), status, int(warned)
+
+
+@requires_compiler
+@pytest.mark.parametrize("op, fail_at", [("forward", 1), ("grad", 1), ("grad", 2), ("forward", 0)])
+def test_failed_scratch_allocation_is_an_error_not_zeros(op, fail_at):
+    """Allocation 0 checks the permutation, 1 is the forward's row buffer / the grad's inverse map, 2 the
+    grad's row buffer."""
+    rng = np.random.default_rng(0)
+    if op == "forward":
+        g = moe_graph(6, 4, 6, (3, 2))
+        feeds = {"tokens": rng.standard_normal((6, 4)).astype(np.float32),
+                 "indices": rng.permutation(6).astype(np.int32), "probs": np.ones((3, 2), np.float32)}
+        name = "MoeTokenUnpermute"
+    else:
+        g = moe_grad_graph((6, 4), (3, 4), 6, (3, 2))
+        feeds = {"tokens": rng.standard_normal((6, 4)).astype(np.float32),
+                 "dy": rng.standard_normal((3, 4)).astype(np.float32),
+                 "indices": rng.permutation(6).astype(np.int32), "probs": np.ones((3, 2), np.float32)}
+        name = "MoeTokenUnpermuteGrad"
+    want = geir.run(g, feeds)
+    library = ctypes.CDLL(native_library())
+    library.geir_fail_allocation.argtypes = [ctypes.c_long]
+    library.geir_fail_allocation(fail_at)
+    try:
+        with pytest.raises(ExecutionError, match=rf"{name} \(geir native kernel\): out of memory"):
+            geir.run(g, feeds, runtime="onnxruntime")
+    finally:
+        library.geir_fail_allocation(-1)
+    again = geir.run(g, feeds, runtime="onnxruntime")
+    for key in want:
+        np.testing.assert_allclose(again[key], want[key], rtol=1e-6)
+
+
+@requires_compiler
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_cached_library_is_rebuilt_never_loaded(tmp_path, damage):
+    cache = tmp_path / "cache"
+    path, _, _ = _status(cache)
+    assert path is not None
+    library = Path(path)
+    data = bytearray(library.read_bytes())
+    if damage == "truncate":
+        library.write_bytes(bytes(data[: len(data) // 3]))
+    else:
+        data[len(data) // 2] ^= 0x40      # lands in code or tables; the hash check must catch it
+        library.write_bytes(bytes(data))
+    again, status, warned = _status(cache)
+    assert again == path and warned == 0, status
+    import hashlib
+    assert (library.with_name(library.name + ".sha256").read_text()
+            == hashlib.sha256(library.read_bytes()).hexdigest())
+
+
+def _plant(cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Build once, then replace the cached library with one whose constructor writes a marker file."""
+    path, _, _ = _status(cache)
+    assert path is not None
+    source = tmp_path / "planted.c"
+    source.write_text(PLANTED)
+    planted = tmp_path / "planted.so"
+    os.system(f"cc -shared -fPIC -o {planted} {source}")
+    target = Path(path)
+    target.write_bytes(planted.read_bytes())
+    return target, tmp_path / "marker"
+
+
+@requires_compiler
+def test_a_planted_library_without_our_hash_is_replaced_and_never_runs(tmp_path):
+    cache = tmp_path / "cache"
+    target, marker = _plant(cache, tmp_path)
+    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker))
+    assert not marker.exists()
+    assert path == str(target) and warned == 0, status
+
+
+@requires_compiler
+def test_a_shared_cache_directory_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    target, marker = _plant(cache, tmp_path)
+    target.with_name(target.name + ".sha256").write_text(__import__("hashlib").sha256(target.read_bytes()).hexdigest())
+    os.chmod(cache, 0o777)                 # as a shared /tmp-style directory is
+    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker))
+    assert not marker.exists()
+    assert path is None and warned == 1
+    assert "is writable by others" in status and str(cache) in status
+
+
+@requires_compiler
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_a_library_owned_by_another_user_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    target, marker = _plant(cache, tmp_path)
+    target.with_name(target.name + ".sha256").write_text(__import__("hashlib").sha256(target.read_bytes()).hexdigest())
+    os.chown(target, 65534, 65534)
+    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker))
+    assert not marker.exists()
+    assert path is None and warned == 1 and "is owned by uid 65534" in status
+
+
+@requires_compiler
+def test_a_fifo_in_the_cache_is_refused_without_hanging(tmp_path):
+    cache = tmp_path / "cache"
+    path, _, _ = _status(cache)
+    Path(path).unlink()
+    os.mkfifo(path)
+    again, status, warned = _status(cache)
+    assert again is None and warned == 1 and "is not a regular file" in status
+    assert stat.S_ISFIFO(os.stat(path).st_mode)
+
+
+def test_a_compiler_that_never_exits_is_stopped(tmp_path):
+    compiler = tmp_path / "slowcc"
+    compiler.write_text("#!/bin/sh\nexec /bin/sleep 60\n")
+    compiler.chmod(0o755)
+    result = run_isolated("""
+        import time, warnings
+        import geir.runtimes.onnxruntime._native as native
+        native.COMPILE_TIMEOUT_S = 1.0
+        start = time.monotonic()
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            print(native.native_library(), round(time.monotonic() - start) < 30)
+        print(native.native_status())
+    """, env={"CC": str(compiler), "GEIR_CACHE_DIR": str(tmp_path / "cache")}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    first, status = result.stdout.strip().splitlines()
+    assert first == "None True"
+    assert "did not finish within 1 s" in status
+
+
+@requires_compiler
+def test_concurrent_first_use_gives_every_caller_the_library(tmp_path):
+    result = run_isolated("""
+        import threading
+        from geir.runtimes.onnxruntime import native_library
+        seen, barrier = [], threading.Barrier(8)
+        def call():
+            barrier.wait()
+            seen.append(native_library())
+        threads = [threading.Thread(target=call) for _ in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(len(seen), len(set(seen)), seen[0] is not None)
+    """, env={"GEIR_CACHE_DIR": str(tmp_path / "cache")}, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "8 1 True"
+
+
+@pytest.mark.parametrize("value", ["false", "No", "OFF", "0"])
+def test_geir_native_false_values_disable(tmp_path, value):
+    path, status, warned = _status(tmp_path / "cache", GEIR_NATIVE=value)
+    assert path is None and warned == 0 and status == f"function bodies only (disabled by GEIR_NATIVE={value})"
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+def test_geir_num_threads_is_checked_and_clamped(monkeypatch, runtime):
+    from geir.runtimes._threads import available_cpus, num_threads
+
+    g = moe_graph(2, 2, 2)
+    feeds = {"tokens": np.ones((2, 2), np.float32), "indices": np.array([1, 0], np.int32)}
+    monkeypatch.setenv("GEIR_NUM_THREADS", "100000")
+    assert num_threads() == available_cpus()
+    np.testing.assert_array_equal(geir.run(g, feeds, runtime=runtime)["y"], np.ones((2, 2), np.float32))
+    for bad in ("abc", "0", "-3"):
+        monkeypatch.setenv("GEIR_NUM_THREADS", bad)
+        with pytest.raises(ExecutionError, match=rf"GEIR_NUM_THREADS='{bad}': expected a positive integer"):
+            num_threads()
+    monkeypatch.setenv("GEIR_NUM_THREADS", "abc")
+    fresh = moe_graph(2, 2, 2)   # a new graph: a new session reads the setting
+    with pytest.raises(ExecutionError, match="GEIR_NUM_THREADS='abc'"):
+        geir.run(fresh, feeds, runtime=runtime) if runtime == "onnxruntime" else _numpy_parallel_run()
+
+
+def _numpy_parallel_run() -> None:
+    """A rotary run big enough for the NumPy runtime to ask for threads."""
+    from helpers import random_feeds, rotary_graph
+
+    g = rotary_graph("InplacePartialRotaryMulGrad", (8, 64, 8, 64), (1, 64, 1, 64), rotary_mode=1,
+                     partial_slice=[0, 64])
+    geir.run(g, random_feeds(g))
+
+
+def test_without_a_compiler_the_onnxruntime_runtime_runs_the_function_bodies(tmp_path):
+    import sys
+
+    result = run_isolated("""
+        import warnings
+        import numpy as np, geir
+        from geir.runtimes.onnxruntime import native_status
+        from geir.runtimes.onnxruntime._native import find_compiler
+        b = geir.GraphBuilder("g")
+        x = b.input("x", "float32", (2, 3, 1, 8))
+        c = b.input("c", "float32", (1, 3, 1, 8))
+        b.output(b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 8]), "y")
+        g = b.build()
+        feeds = {"x": np.arange(48, dtype=np.float32).reshape(2, 3, 1, 8), "c": np.full((1, 3, 1, 8), 0.5, np.float32)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = geir.run(g, feeds, runtime="onnxruntime")["y"]
+        print(find_compiler(), len(caught), np.allclose(got, geir.run(g, feeds)["y"], rtol=1e-6))
+        print(native_status())
+    """, env={"PATH": str(Path(sys.executable).parent), "CC": "", "GEIR_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    first, status = result.stdout.strip().splitlines()
+    assert first == "None 1 True"
+    assert status == "function bodies only (RuntimeError: no C compiler (cc or gcc) on PATH)"
