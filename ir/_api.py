@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import numpy as np
+from onnx import ModelProto
 
 from ._core import Graph
+from ._errors import GraphError
 
-__all__ = ["check", "run"]
+__all__ = ["as_graph", "check", "run"]
+
+GraphLike = Graph | ModelProto | str | os.PathLike
 
 
-def run(graph: Graph, feeds: Mapping[str, np.ndarray], runtime: str = "numpy") -> dict[str, np.ndarray]:
+def as_graph(graph: GraphLike, caller: str) -> Graph:
+    """A built geir Graph from a Graph, an ONNX ModelProto or the path of an ONNX file."""
+    if isinstance(graph, Graph):
+        return graph
+    if isinstance(graph, (ModelProto, str, os.PathLike)):
+        from ._onnx_import import from_onnx
+
+        return from_onnx(graph)
+    raise GraphError(f"{caller}: expected a geir Graph, an onnx.ModelProto or the path of an ONNX file, got "
+                     f"{type(graph).__name__}")
+
+
+def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy") -> dict[str, np.ndarray]:
     """Compile ``graph`` for ``runtime`` and run it once; return the outputs by name.
+
+    ``graph`` may also be an ONNX ModelProto or file path (imported with ``from_onnx``).
 
     Raises:
         ExecutionError: a feed is missing, unexpected or of the wrong dtype/shape, or a
@@ -20,16 +39,16 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray], runtime: str = "numpy") -
     """
     from geir.runtimes import get_runtime
 
-    return get_runtime(runtime).compile(graph).run(feeds)
+    return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds)
 
 
-def check(graph: Graph, target: str):
-    """Check a built graph against one device's restrictions; return a ``CheckReport``.
+def check(graph: GraphLike, target: str):
+    """Check a built graph (or an ONNX model or file) against one device's restrictions; return a ``CheckReport``.
 
     Raises GraphError for an unknown target (the message lists the known ones).
     """
     from geir.passes import CheckTarget
 
     check_pass = CheckTarget(target)
-    check_pass(graph)
+    check_pass(as_graph(graph, "geir.check"))
     return check_pass.report

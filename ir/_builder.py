@@ -31,6 +31,8 @@ class GraphBuilder:
     """Accumulates inputs, nodes and outputs; ``build()`` verifies and returns the Graph."""
 
     def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"GraphBuilder: the graph name must be a non-empty str (ONNX requires one), got {name!r}")
         self._graph = Graph(name)
         self._names: set[str] = set()       # value names (inputs, node outputs)
         self._node_names: set[str] = set()  # node names: a namespace of their own, as in ONNX
@@ -42,11 +44,11 @@ class GraphBuilder:
     def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str]) -> Value:
         """Declare a graph input; dims are ints or symbol names bound when the graph runs."""
         self._check_open()
-        self._claim(name, "input")
         try:
             value = Value(name, TensorType(dtype, shape))
         except (TypeError, ValueError) as exc:
             raise GraphError(f"graph '{self._graph.name}': input '{name}': {exc}") from None
+        self._claim(name, "input")
         self._graph.inputs.append(value)
         self._values.add(id(value))
         return value
@@ -85,14 +87,18 @@ class GraphBuilder:
 
     # -- ops -----------------------------------------------------------------------------
     def op(self, op_type: str, *inputs: Value | None, domain: str | None = None, name: str | None = None,
-           **attributes: Any) -> OpResult:
+           outputs: int | None = None, **attributes: Any) -> OpResult:
         """Add a node of any op: ours (domain "ai.cann") or a standard ONNX op (domain "").
 
         Without ``domain``, our op of that name if there is one, else the standard op. Inputs
-        are positional (None for an absent optional input), attributes by keyword.
-        Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``.
+        are positional (None for an absent optional input), attributes by keyword. ``outputs``
+        gives the output count of a standard op whose count varies (Split can also tell it
+        from ``num_outputs`` or a constant ``split``).
+        Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``,
+        ``a, c = b.op("Split", x, axis=1, num_outputs=2)``.
         """
         from geir.schemas import all_schemas, get_schema
+        from geir.schemas.standard import variadic_output_count
 
         if domain is None:
             ours = sorted(s.op_type for s in all_schemas())
@@ -102,9 +108,21 @@ class GraphBuilder:
                 except GraphError:
                     raise GraphError(f"[SCH-1] {op_type}: op type: expected one of ours ({', '.join(ours)}) or a "
                                      f"standard ONNX op, got unknown op '{op_type}'", rule="SCH-1") from None
-                return self._add(schema, list(inputs), {}, attributes, name)
-            domain = CANN_DOMAIN
-        return self._add(get_schema(op_type, domain, name), list(inputs), {}, attributes, name)
+                domain = ""
+            else:
+                domain = CANN_DOMAIN
+        schema = get_schema(op_type, domain, name)
+        if getattr(schema, "variadic", False):
+            count = outputs if outputs is not None else variadic_output_count(schema, list(inputs), attributes,
+                                                                              self._graph.constants)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise GraphError(f"{op_type}: outputs: expected a positive int, got {count!r}")
+            if op_type == "Split" and "num_outputs" not in attributes and (len(inputs) < 2 or inputs[1] is None):
+                attributes = {**attributes, "num_outputs": count}   # opset 18 wants one of the two
+            schema = get_schema(op_type, domain, name, outputs=count)
+        elif outputs is not None:
+            raise GraphError(f"{op_type}: outputs=: the op has a fixed number of outputs ({len(schema.outputs)})")
+        return self._add(schema, list(inputs), {}, attributes, name)
 
     def constant(self, name: str, array: np.ndarray) -> Value:
         """A named constant (an ONNX initializer): never fed, never modified."""

@@ -95,7 +95,7 @@ class Node:
     def schema(self) -> OpSchema:
         from geir.schemas import get_schema
 
-        return get_schema(self.op_type, self.domain)
+        return get_schema(self.op_type, self.domain, outputs=len(self.outputs))
 
     def __str__(self) -> str:
         outs = ", ".join(v.name if v is not None else "_" for v in self.outputs)

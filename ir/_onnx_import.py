@@ -2,14 +2,24 @@
 ONNX nodes stay standard nodes, our generated FunctionProtos are dropped and other local
 functions are inlined. Every node goes through the builder, so a bad file fails like a bad
 graph: a GraphError naming the node.
+
+A file is untrusted input: it is read only if it is a regular file of at most ``MAX_MODEL_BYTES``,
+must pass ``onnx.checker``, may import only opsets onnx knows (a model of another standard opset is
+converted with ``onnx.version_converter`` to the one geir's reference kernels implement), and may
+expand to at most ``MAX_IMPORTED_NODES`` nodes once its functions are inlined. Whatever goes wrong
+is a GraphError, with the original exception chained.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 import networkx as nx
-from onnx import ModelProto, inliner, load_model, numpy_helper
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, checker, inliner, numpy_helper, version_converter
 
 from ._builder import GraphBuilder
 from ._core import CANN_DOMAIN, Graph, Value
@@ -17,23 +27,153 @@ from ._errors import GraphError
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 
-__all__ = ["from_onnx", "load_onnx"]
+__all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx"]
+
+MAX_MODEL_BYTES = 2**31 - 1
+"""Largest file ``load_onnx`` reads (protobuf's own limit for one message)."""
+MAX_IMPORTED_NODES = 100_000
+"""Most nodes a model may have once its local functions are inlined (a small file can expand hugely)."""
 
 
 def load_onnx(path: str | os.PathLike) -> Graph:
-    """Read an ONNX file and import it (``from_onnx``)."""
-    return from_onnx(load_model(os.fspath(path)))
+    """Read an ONNX file and import it (``from_onnx``); GraphError for anything wrong with the file."""
+    return from_onnx(_read_model(path))
 
 
-def from_onnx(model: ModelProto) -> Graph:
-    """A built (verified, typed) geir Graph from an ONNX model."""
+def from_onnx(model: ModelProto | str | os.PathLike | bytes) -> Graph:
+    """A built (verified, typed) geir Graph from an ONNX model (a ModelProto, its bytes, or a path)."""
+    if isinstance(model, (str, os.PathLike)):
+        return load_onnx(model)
+    if isinstance(model, (bytes, bytearray)):
+        model = _parse(bytes(model), "the given bytes")
+    if not isinstance(model, ModelProto):
+        raise GraphError(f"from_onnx: expected an onnx.ModelProto, its bytes or a path, got {type(model).__name__}")
+    try:
+        return _import(model)
+    except GraphError:
+        raise
+    except Exception as exc:   # onnx and protobuf raise many types for malformed models; all mean the same
+        raise GraphError(f"cannot import ONNX model '{model.graph.name}': {type(exc).__name__}: {exc}") from exc
+
+
+def _read_model(path: str | os.PathLike) -> ModelProto:
+    if not isinstance(path, (str, os.PathLike)):
+        raise GraphError(f"load_onnx: expected a path, got {type(path).__name__}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: {exc.strerror}") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > MAX_MODEL_BYTES:
+            raise GraphError(f"ONNX file {os.fspath(path)!r} is {info.st_size} bytes, more than {MAX_MODEL_BYTES}")
+        data = f.read(MAX_MODEL_BYTES + 1)
+    return _parse(data, repr(os.fspath(path)))
+
+
+def _parse(data: bytes, what: str) -> ModelProto:
+    model = ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise GraphError(f"{what} is not an ONNX model (protobuf could not decode it: {exc})") from exc
+    return model
+
+
+def _check_model(model: ModelProto) -> None:
+    """The opsets a model imports and where its tensors live."""
+    imports: dict[str, int] = {}
+    for opset in model.opset_import:
+        domain = "" if opset.domain == "ai.onnx" else opset.domain
+        if domain in imports:
+            raise GraphError(f"ONNX model imports domain '{opset.domain}' twice")
+        imports[domain] = opset.version
+    newest = onnx.defs.onnx_opset_version()
+    if "" not in imports:
+        raise GraphError("ONNX model imports no standard opset (opset_import has no entry for the default domain)")
+    if not 1 <= imports[""] <= newest:
+        raise GraphError(f"ONNX model imports standard opset {imports['']}; onnx {onnx.__version__} knows opsets "
+                         f"1 to {newest}")
+    if CANN_DOMAIN in imports and imports[CANN_DOMAIN] != 1:
+        raise GraphError(f"ONNX model imports {CANN_DOMAIN} version {imports[CANN_DOMAIN]}; geir defines version 1")
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise GraphError(f"initializer '{tensor.name}' is stored outside the model file; geir imports "
+                             f"self-contained models only")
+
+
+def _run_checker(model: ModelProto) -> None:
+    """onnx's checker: what geir's own import tolerates (duplicate names or attributes, extra outputs,
+    untyped attributes, negative initializer dims) it refuses."""
+    try:
+        checker.check_model(model)
+    except checker.ValidationError as exc:
+        raise GraphError(f"ONNX model '{model.graph.name}' is malformed: {str(exc).strip().splitlines()[0]}") from exc
+
+
+def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
+    """Nodes after inlining every local function not in ``keep``; GraphError past the budget or on recursion."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    sizes: dict[tuple[str, str], int] = {}
+
+    def size(nodes, calling: tuple) -> int:
+        total = 0
+        for node in nodes:
+            key = (node.domain, node.op_type)
+            if key in functions and key not in keep:
+                if key in calling:
+                    raise GraphError(f"local function {key[0]}::{key[1]} calls itself; it cannot be inlined")
+                if key not in sizes:
+                    sizes[key] = size(functions[key].node, calling + (key,))
+                total += sizes[key]
+            else:
+                total += 1
+            if total > MAX_IMPORTED_NODES:
+                raise GraphError(f"ONNX model '{model.graph.name}' expands to more than {MAX_IMPORTED_NODES} nodes "
+                                 f"once its local functions are inlined (geir's import budget, MAX_IMPORTED_NODES)")
+        return total
+
+    return size(model.graph.node, ())
+
+
+def _import(model: ModelProto) -> Graph:
     from geir.schemas import all_schemas
+    from geir.schemas._onnx_body import OPSET
 
     register_onnx_schemas()
-    ours = {s.op_type for s in all_schemas()}
-    foreign = [(f.domain, f.name) for f in model.functions if not (f.domain == CANN_DOMAIN and f.name in ours)]
+    _check_model(model)
+    ours = {(CANN_DOMAIN, s.op_type) for s in all_schemas()}
+    _count_expanded(model, ours)
+    try:
+        _run_checker(model)    # before onnx's C++ inliner and converter see the model
+    except GraphError as malformed:
+        try:                   # geir's own message names the node and the rule: give it too where it has one
+            _build(model)
+        except GraphError as precise:
+            if precise.rule or precise.node:
+                raise GraphError(f"{precise.message}; {malformed}", rule=precise.rule, node=precise.node,
+                                 location=precise.location) from malformed
+        except Exception:
+            pass
+        raise
+    foreign = [(f.domain, f.name) for f in model.functions if (f.domain, f.name) not in ours]
     if foreign:
         model = inliner.inline_selected_functions(model, foreign, exclude=False)
+    standard = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if standard != OPSET:
+        try:
+            model = version_converter.convert_version(model, OPSET)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise GraphError(f"ONNX model '{model.graph.name}' uses standard opset {standard}; converting it to opset "
+                             f"{OPSET}, the one geir runs, failed: {type(exc).__name__}: {first}") from exc
+    return _build(model)
+
+
+def _build(model: ModelProto) -> Graph:
     graph = model.graph
     b = GraphBuilder(graph.name or "imported")
     values: dict[str, Value] = {}
@@ -70,7 +210,8 @@ def _dependency_order(graph, available: set[str]) -> list:
     except nx.NetworkXNoCycle:
         return [graph.node[i] for i in nx.lexicographical_topological_sort(dag)]
     names = " -> ".join(f"'{graph.node[u].name or graph.node[u].op_type}'" for u, _ in cycle)
-    raise GraphError(f"graph '{graph.name}' has a cycle: {names} -> '{graph.node[cycle[0][0]].name}'")
+    first = graph.node[cycle[0][0]].name
+    raise GraphError(f"graph '{graph.name}' has a cycle: {names} -> '{first}'", node=first)
 
 
 def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
@@ -78,12 +219,15 @@ def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
 
     domain = node.domain or ""
     name = node.name or None
+    if domain in ("", "ai.onnx") and node.op_type == "Constant":
+        _import_constant(b, node, values)
+        return
     if domain == CANN_DOMAIN:
         schema = get_schema(node.op_type, domain, node.name)
         kinds = {a.name: a.kind.value for a in schema.attributes}
         attrs = {a.name: attribute_from_onnx(a, kinds.get(a.name)) for a in node.attribute}
     elif domain in ("", "ai.onnx"):
-        schema = get_schema(node.op_type, "", node.name)
+        schema = get_schema(node.op_type, "", node.name, outputs=len(node.output))
         attrs = {a.name: attribute_from_onnx(a, None) for a in node.attribute}
     else:
         raise GraphError(f"{node.op_type} '{node.name}': domain '{domain}' is neither ours ({CANN_DOMAIN}) nor "
@@ -94,3 +238,45 @@ def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
         if value is not None:
             values[value.name] = value
 
+
+
+MAX_SPARSE_CONSTANT_ELEMENTS = 1 << 26
+"""Largest dense size of a ``sparse_value`` Constant (its dims come from the file, its data does not)."""
+
+
+def _import_constant(b: GraphBuilder, node, values: dict[str, Value]) -> None:
+    """A standard ``Constant`` node (any of its value attributes) as a graph constant."""
+    from onnx.reference import ReferenceEvaluator
+
+    what = f"Constant '{node.name or node.output[0]}'"
+    if len(node.output) != 1 or not node.output[0] or len(node.input) or len(node.attribute) != 1:
+        raise GraphError(f"{what}: expected no input, one output and one value attribute, got {len(node.input)}, "
+                         f"{len(node.output)} and {len(node.attribute)}", node=node.name)
+    attribute = node.attribute[0]
+    if attribute.name == "sparse_value":
+        array = _dense_from_sparse(attribute.sparse_tensor, what)
+    else:
+        single = onnx.helper.make_node("Constant", [], ["value"], name=node.name)
+        single.attribute.extend(node.attribute)
+        probe = onnx.helper.make_model(onnx.helper.make_graph([single], "constant", [], [
+            onnx.helper.make_value_info("value", onnx.TypeProto())]), opset_imports=[onnx.helper.make_opsetid("", 18)])
+        (array,) = ReferenceEvaluator(probe).run(None, {})
+        array = np.asarray(array)
+    if array.dtype.kind in "USO":
+        raise GraphError(f"{what}: string constants are not supported (geir tensors are numbers)", node=node.name)
+    values[node.output[0]] = b.constant(node.output[0], array)
+
+
+def _dense_from_sparse(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
+    dims = tuple(int(d) for d in sparse.dims)
+    if any(d < 0 for d in dims) or int(np.prod(dims, dtype=object)) > MAX_SPARSE_CONSTANT_ELEMENTS:
+        raise GraphError(f"{what}: sparse_value dims {list(dims)}: expected at most {MAX_SPARSE_CONSTANT_ELEMENTS} "
+                         f"non-negative elements")
+    entries = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dense = np.zeros(dims, entries.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
+    if flat.shape != entries.shape or (flat.size and (flat.min() < 0 or flat.max() >= dense.size)):
+        raise GraphError(f"{what}: sparse_value indices do not address its {list(dims)} elements")
+    dense.reshape(-1)[flat] = entries
+    return dense

@@ -9,12 +9,17 @@ from ._dtypes import DType, DTypeLike, as_dtype
 
 __all__ = ["BroadcastError", "Dim", "SymbolTable", "TensorType", "as_shape"]
 
+INT64_MAX = 2**63 - 1
+
 Dim = int | str
 """A dimension: a non-negative int, or a symbol (a non-empty str) whose value is bound at run time."""
 
 
 def as_shape(shape: Iterable[object]) -> tuple[Dim, ...]:
-    """Validate a shape given as a sequence of ints and symbol names."""
+    """Validate a shape given as a sequence of ints and symbol names (a str is one symbol, not a shape)."""
+    if isinstance(shape, (str, bytes)):
+        raise TypeError(f"shape {shape!r}: expected a sequence of dims (ints or symbol names), got a string; "
+                        f"write ({shape!r},) for one symbolic dim")
     dims: list[Dim] = []
     for k, d in enumerate(shape):
         if isinstance(d, bool) or not isinstance(d, (int, str)) and not hasattr(d, "__index__"):
@@ -25,8 +30,8 @@ def as_shape(shape: Iterable[object]) -> tuple[Dim, ...]:
             dims.append(d)
             continue
         d = int(d)
-        if d < 0:
-            raise ValueError(f"dim {k} of shape {tuple(shape)!r}: expected >= 0, got {d}")
+        if not 0 <= d <= INT64_MAX:
+            raise ValueError(f"dim {k} of shape {tuple(shape)!r}: expected 0 to {INT64_MAX} (int64), got {d}")
         dims.append(d)
     return tuple(dims)
 

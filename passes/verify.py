@@ -54,7 +54,7 @@ class VerifyGraph(Pass):
         graph.topological_order()  # raises on a cycle
         modified = False
         for node in graph.nodes:
-            schema = get_schema(node.op_type, node.domain, node.name)
+            schema = get_schema(node.op_type, node.domain, node.name, outputs=len(node.outputs))
             bound = schema.bind_attributes(node.attributes, node.name, node.location)
             if bound != node.attributes:
                 node.attributes = bound

@@ -9,7 +9,27 @@ import numpy as np
 from geir._core import Graph
 from geir._errors import ExecutionError
 
-__all__ = ["validate_feeds"]
+__all__ = ["as_feed_array", "validate_feeds"]
+
+
+def as_feed_array(feed: object, where: str) -> np.ndarray:
+    """A NumPy array of the values fed, converted where that is exact: PyTorch tensors (also bfloat16
+    and ones that require grad, detached), arrays of non-native byte order. ExecutionError otherwise."""
+    if type(feed).__module__.split(".")[0] == "torch" and hasattr(feed, "detach"):
+        tensor = feed.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":   # NumPy has no bfloat16: reinterpret the bits
+            import ml_dtypes
+            import torch
+
+            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        feed = tensor.numpy()
+    try:
+        array = np.asarray(feed)
+    except Exception as exc:
+        raise ExecutionError(f"{where}: cannot be read as an array ({type(feed).__name__}: {exc})") from None
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 def validate_feeds(graph: Graph, feeds: Mapping[str, object]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
@@ -18,8 +38,11 @@ def validate_feeds(graph: Graph, feeds: Mapping[str, object]) -> tuple[dict[str,
     Raises ExecutionError naming the input for a missing or unexpected feed, a wrong dtype
     (no silent casts), a wrong rank or dim, or a symbol bound to two different sizes.
     """
+    if not isinstance(feeds, Mapping):
+        raise ExecutionError(f"graph '{graph.name}': feeds: expected a mapping of input name -> array (a dict), got "
+                             f"{type(feeds).__name__}")
     expected = {v.name for v in graph.inputs}
-    unexpected = sorted(set(feeds) - expected)
+    unexpected = sorted(map(str, set(feeds) - expected))
     if unexpected:
         raise ExecutionError(f"graph '{graph.name}': unexpected feed(s) {unexpected}; inputs are "
                              f"{sorted(expected)}")
@@ -28,9 +51,9 @@ def validate_feeds(graph: Graph, feeds: Mapping[str, object]) -> tuple[dict[str,
     for value in graph.inputs:
         if value.name not in feeds:
             raise ExecutionError(f"graph '{graph.name}': input '{value.name}' ({value.type}) is not fed")
-        array = np.asarray(feeds[value.name])
         want = value.type
         where = f"graph '{graph.name}': input '{value.name}'"
+        array = as_feed_array(feeds[value.name], where)
         if array.dtype != want.dtype.numpy:
             raise ExecutionError(f"{where}: expected dtype {want.dtype}, got {array.dtype}; cast the array first")
         if array.ndim != want.rank:

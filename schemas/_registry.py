@@ -20,15 +20,16 @@ def register(schema: OpSchema) -> OpSchema:
     return schema
 
 
-def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None) -> OpSchema:
+def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None) -> OpSchema:
     """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones.
 
-    Domain "" (or "ai.onnx") gives the standard ONNX op's adapter.
+    Domain "" (or "ai.onnx") gives the standard ONNX op's adapter (with ``outputs`` outputs for an op
+    whose output count varies per node, such as Split).
     """
     if domain in ("", "ai.onnx"):
         from .standard import standard_schema
 
-        return standard_schema(op_type)
+        return standard_schema(op_type, outputs)
     try:
         return _SCHEMAS[(domain, op_type)]
     except KeyError:

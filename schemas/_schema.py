@@ -66,7 +66,8 @@ class AttrKind(enum.Enum):
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    """An int that fits the int64 attributes of GE IR and ONNX."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and -2**63 <= value < 2**63
 
 
 @dataclass(frozen=True)

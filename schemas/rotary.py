@@ -18,6 +18,8 @@ __all__ = ["FORWARD", "GRAD", "ROTARY_MODES", "rotary_slice"]
 F16, F32, BF16 = DType.FLOAT16, DType.FLOAT32, DType.BFLOAT16
 _FLOATS = (F16, F32, BF16)
 ROTARY_MODES = {0: "half", 1: "interleave", 2: "quarter", 3: "interleave-half"}
+EMPTY_GRAD_SLICE_HINT = ("an empty slice (the default [0, 0]) makes the grad the identity: almost always a forgotten "
+                         "partial_slice; CANN's code returns dy unchanged, its docs call an empty slice unsupported")
 
 
 def rotary_slice(ctx: InferContext) -> tuple[int, Dim, Dim]:
@@ -69,6 +71,8 @@ def _check(ctx: InferContext) -> None:
         ctx.require(length % multiple == 0, "RP-S9", ctx.attr_subject("partial_slice"),
                     f"a slice length divisible by {multiple} for rotary_mode {mode}", f"{length} ({got})")
     elif is_grad:
+        ctx.warn("RP-W1", ctx.attr_subject("partial_slice"), "a non-empty slice [start, end)", list(pslice),
+                 EMPTY_GRAD_SLICE_HINT)
         c3 = cos.shape[3]
         ok = c3 <= d if isinstance(c3, int) and isinstance(d, int) else None
         ctx.require(ok, "RP-S7b", ctx.input_subject(1, 3), f"<= D = {d} (empty slice)", c3)

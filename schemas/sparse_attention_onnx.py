@@ -67,22 +67,31 @@ class _Rows:
         b = self.b
         heads = b.dim("key", -2)
         entries = b.reshape(b.to_int64("sparse_indices"), self.rows_total, heads, b.dim("sparse_indices", -1))
-        topk = b.dim(entries, 2)
         block = b.attr_int("sparse_block_size")
+        block1 = b.unsqueeze(block, 0)
+        # only entries below ceil(max_keys / bs) and offsets below max_keys can be visible (candidate_grid)
+        max_keys = b.dim("key", 1) if self.layout == "BSND" else b.dim("key", 0)
+        topk = b.op("Min", b.dim(entries, 2), b.op("Add", b.op("Div", b.op("Sub", max_keys, b.ints(1)), block1),
+                                                   b.ints(1)))
+        entries = b.slice(entries, b.ints(0), topk, 2)
         thr = b.unsqueeze(self.threshold, 1, 2)                                        # (rows, 1, 1)
-        ceil_blocks = b.op("Div", b.op("Add", thr, b.op("Sub", block, b.const(1))), block)
-        n_valid = b.where(b.op("Greater", thr, b.ints(0)), b.op("Min", ceil_blocks, topk), b.ints(0))
+        last_block = b.op("Div", b.op("Sub", thr, b.const(1)), block)                  # read when thr > 0
+        n_valid = b.where(b.op("Greater", thr, b.ints(0)), b.op("Min", b.op("Add", last_block, b.const(1)), topk),
+                          b.ints(0))
         entry = b.op("Range", b.const(0), b.scalar(topk), b.const(1))
         no_pad_yet = b.op("Equal", b.op("CumSum", b.to_int64(b.op("Equal", entries, b.const(-1))), b.const(2)),
                           b.ints(0))
-        entry_ok = b.op("And", b.op("Less", entry, n_valid), no_pad_yet)               # (rows, N2, K)
-        offsets = b.op("Range", b.const(0), block, b.const(1))
-        positions = b.op("Add", b.op("Mul", b.unsqueeze(entries, 3), block), offsets)  # (rows, N2, K, bs)
+        in_reach = b.op("And", b.op("GreaterOrEqual", entries, b.ints(0)), b.op("LessOrEqual", entries, last_block))
+        entry_ok = b.op("And", b.op("And", b.op("Less", entry, n_valid), no_pad_yet), in_reach)   # (rows, N2, K')
+        entries = b.where(entry_ok, entries, b.ints(0))                                # no overflow in the multiply
+        offsets_count = b.op("Min", block1, max_keys)
+        offsets = b.op("Range", b.const(0), b.scalar(offsets_count), b.const(1))
+        positions = b.op("Add", b.op("Mul", b.unsqueeze(entries, 3), block), offsets)  # (rows, N2, K', O)
         ok = b.op("Expand", b.unsqueeze(entry_ok, 3), b.op("Shape", positions))
         in_range = b.op("And", b.op("Less", positions, b.unsqueeze(thr, 3)),
                         b.op("GreaterOrEqual", positions, b.ints(0)))
         valid = b.op("And", b.op("And", ok, in_range), b.unsqueeze(self.active, 1, 2, 3))
-        span = b.op("Mul", topk, b.unsqueeze(block, 0))
+        span = b.op("Mul", topk, offsets_count)
         positions = b.reshape(positions, self.rows_total, heads, span)
         valid = b.reshape(valid, self.rows_total, heads, span)
         key_rows = b.op("Add", b.unsqueeze(self.kv_start, 1, 2), positions)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["QueryRows", "candidates", "query_rows"]
+__all__ = ["QueryRows", "candidate_grid", "candidates", "query_rows"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,32 @@ def query_rows(layout: str, query_rows_total: int, seq_q: int, seq_kv: int, leng
     return QueryRows(s1, s1_len, s2_len, kv_start, threshold, active)
 
 
-def candidates(entries: np.ndarray, threshold: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def candidate_grid(k: int, block_size: int, max_keys: int) -> tuple[int, int]:
+    """(entries, offsets per entry) worth gathering for a row of ``k`` block ids when no batch has more
+    than ``max_keys`` keys: entry i is read only if i < ceil(thr / bs) <= ceil(max_keys / bs), and an
+    offset o of block b is visible only if b*bs + o < thr <= max_keys. So the work is bounded by the
+    keys that exist, whatever ``sparse_block_size`` says."""
+    keys = max(1, max_keys)
+    return max(1, min(k, -(-keys // block_size))), min(block_size, keys)
+
+
+def candidates(entries: np.ndarray, threshold: np.ndarray, block_size: int,
+               max_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """Key positions (relative to the batch) and their validity for rows of block ids.
 
-    ``entries``: (rows, N2, K) block ids; ``threshold``: (rows,). Returns ``positions`` and
-    ``valid`` of shape (rows, N2, K * block_size): entry i counts when i < min(K, ceil(thr/bs)),
-    no -1 precedes it, and a position counts when it is below the threshold.
+    ``entries``: (rows, N2, K) block ids; ``threshold``: (rows,); ``max_keys``: most keys of a batch.
+    Returns ``positions`` and ``valid`` of shape (rows, N2, E * O) with ``(E, O) = candidate_grid``:
+    entry i counts when i < min(K, ceil(thr/bs)), no -1 precedes it, and a position counts when it
+    is below the threshold. Block ids beyond the threshold never reach the multiply (no overflow).
     """
-    k = entries.shape[-1]
+    used, offsets = candidate_grid(entries.shape[-1], block_size, max_keys)
+    entries = entries[..., :used]
     thr = threshold[:, None, None]
-    n_valid = np.where(thr > 0, np.minimum(k, -(-thr // block_size)), 0)
-    entry_ok = (np.arange(k) < n_valid) & (np.cumprod(entries != -1, axis=-1) > 0)
-    positions = entries.astype(np.int64)[..., None] * block_size + np.arange(block_size)
-    valid = entry_ok[..., None] & (positions < thr[..., None]) & (positions >= 0)
-    shape = entries.shape[:-1] + (k * block_size,)
+    n_valid = np.where(thr > 0, np.minimum(used, -(-thr // block_size)), 0)
+    entry_ok = (np.arange(used) < n_valid) & (np.cumprod(entries != -1, axis=-1) > 0)
+    entry_ok &= (entries >= 0) & (entries <= (thr - 1) // block_size)
+    safe = np.where(entry_ok, entries, 0).astype(np.int64)
+    positions = safe[..., None] * block_size + np.arange(offsets)
+    valid = entry_ok[..., None] & (positions < thr[..., None])
+    shape = entries.shape[:-1] + (used * offsets,)
     return positions.reshape(shape), valid.reshape(shape)

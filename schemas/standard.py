@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 import onnx
 from onnx import checker, defs, helper, numpy_helper, shape_inference
 
@@ -20,7 +22,7 @@ from geir._types import TensorType
 from ._onnx_body import OPSET
 from ._schema import InferContext, InputSpec, OutputSpec
 
-__all__ = ["StandardOpSchema", "standard_schema"]
+__all__ = ["StandardOpSchema", "standard_schema", "variadic_output_count"]
 
 _ALL = tuple(DType)
 _CACHE: dict[str, StandardOpSchema] = {}
@@ -34,7 +36,7 @@ class StandardOpSchema:
     validate = None
     attributes: tuple = ()
 
-    def __init__(self, op_type: str) -> None:
+    def __init__(self, op_type: str, outputs: int | None = None) -> None:
         try:
             self.onnx = defs.get_schema(op_type, OPSET, "")
         except defs.SchemaError:
@@ -44,9 +46,14 @@ class StandardOpSchema:
         self.doc = self.onnx.doc or ""
         option = defs.OpSchema.FormalParameterOption
         self.inputs = tuple(InputSpec(p.name, _ALL, optional=p.option != option.Single) for p in self.onnx.inputs)
-        self.outputs = tuple(OutputSpec(p.name, optional=p.option != option.Single) for p in self.onnx.outputs)
-        if any(p.option == option.Variadic for p in self.onnx.outputs):
-            raise GraphError(f"{op_type}: standard ops with a variadic number of outputs are not supported")
+        formal = list(self.onnx.outputs)
+        self.variadic = bool(formal) and formal[-1].option == option.Variadic
+        """The last output repeats (Split): each node has its own count, ``standard_schema(op, outputs=n)``."""
+        specs = [OutputSpec(p.name, optional=p.option != option.Single) for p in formal]
+        if self.variadic:
+            count = max(outputs or 0, len(formal) - 1 + max(1, self.onnx.min_output - len(formal) + 1))
+            specs = specs[:-1] + [OutputSpec(f"{formal[-1].name}_{i}") for i in range(count - len(formal) + 1)]
+        self.outputs = tuple(specs)
         self.max_inputs = self.onnx.max_input
 
     def input_index(self, key: int | str) -> int:
@@ -61,9 +68,20 @@ class StandardOpSchema:
                          location=location)
 
     def bind_attributes(self, given: dict[str, Any], node: str, location: SourceLocation | None = None) -> dict:
-        """Attributes are kept as given; ``onnx.checker.check_node`` validates them (SCH-3)."""
-        proto = helper.make_node(self.op_type, [f"in{i}" for i in range(max(1, self.onnx.min_input))],
-                                 [f"out{i}" for i in range(max(1, self.onnx.min_output))], **given)
+        """Attributes are kept as given; their Python kinds are checked here and ``onnx.checker.check_node``
+        validates them against the schema (SCH-3)."""
+        for name, value in given.items():
+            problem = _attribute_problem(value)
+            if problem:
+                raise GraphError(f"[SCH-3] {self.op_type} '{node}': attribute '{name}': expected an int, float, str, "
+                                 f"tensor or a list of one of those, got {problem}", rule="SCH-3", node=node,
+                                 location=location)
+        try:
+            proto = helper.make_node(self.op_type, [f"in{i}" for i in range(self.onnx.min_input)],
+                                     [f"out{i}" for i in range(max(1, self.onnx.min_output))], **given)
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"[SCH-3] {self.op_type} '{node}': attributes: {exc}", rule="SCH-3", node=node,
+                             location=location) from None
         context = checker.C.CheckerContext()
         context.ir_version = onnx.IR_VERSION
         context.opset_imports = {"": OPSET}
@@ -106,7 +124,43 @@ class StandardOpSchema:
         return tuple(out)
 
 
-def standard_schema(op_type: str) -> StandardOpSchema:
-    if op_type not in _CACHE:
-        _CACHE[op_type] = StandardOpSchema(op_type)
-    return _CACHE[op_type]
+def standard_schema(op_type: str, outputs: int | None = None) -> StandardOpSchema:
+    """The adapter of a standard op; for an op with variadic outputs, the one with ``outputs`` outputs."""
+    generic = _CACHE.get(op_type)
+    if generic is None:
+        generic = _CACHE[op_type] = StandardOpSchema(op_type)
+    if not generic.variadic or outputs is None or outputs == len(generic.outputs):
+        return generic
+    key = f"{op_type}/{outputs}"
+    if key not in _CACHE:
+        _CACHE[key] = StandardOpSchema(op_type, outputs)
+    return _CACHE[key]
+
+
+def variadic_output_count(schema: StandardOpSchema, inputs: list, attributes: dict, constants: dict) -> int:
+    """How many outputs a node of a variadic-output op has: Split's ``num_outputs`` or the length of its
+    constant ``split`` input; GraphError when the builder cannot know (pass ``outputs=N``)."""
+    if schema.op_type == "Split":
+        if "num_outputs" in attributes:
+            return int(attributes["num_outputs"])
+        split = inputs[1] if len(inputs) > 1 else None
+        if split is not None and split.name in constants:
+            return int(np.asarray(constants[split.name]).size)
+    raise GraphError(f"{schema.op_type}: its number of outputs varies per node; pass outputs=N to GraphBuilder.op "
+                     f"(Split: or give num_outputs, or a constant 'split' input)")
+
+
+def _attribute_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be an ONNX attribute value, or None when it can."""
+    scalars = (int, float, str, bytes, np.integer, np.floating, onnx.TensorProto, onnx.GraphProto)
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, scalars):
+        return f"{value!r} ({type(value).__name__})"
+    if isinstance(value, np.ndarray):
+        return None
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, scalars):
+            return f"{value!r} (an element is {type(item).__name__})"
+        if isinstance(item, (int, np.integer)) and not -2**63 <= item < 2**63:
+            return f"{item} (outside int64)"
+    return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from geir._errors import GraphError
 
 from ._schema import InferContext
-from .rotary import rotary_slice
+from .rotary import EMPTY_GRAD_SLICE_HINT, rotary_slice
 from .sparse_attention import INT64_MAX, role_sizes
 
 __all__ = ["TARGETS", "Finding", "TargetRule", "rules_for", "validate_target"]
@@ -58,6 +58,13 @@ ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
 
 def _slice_is_empty(ctx: InferContext) -> bool:
     return rotary_slice(ctx)[2] == 0
+
+
+def _empty_grad_slice(ctx: InferContext) -> Finding | None:
+    if not _slice_is_empty(ctx):
+        return None
+    return Finding(ctx.attr_subject("partial_slice"), "a non-empty slice [start, end)", list(ctx.attr("partial_slice")),
+                   EMPTY_GRAD_SLICE_HINT)
 
 
 def _no_grad_kernel(ctx: InferContext) -> Finding:
@@ -204,6 +211,7 @@ def _selection_memory(ctx: InferContext) -> Finding | None:
 
 _RULES: tuple[TargetRule, ...] = (
     TargetRule("RP-T1", ROPE_GRAD, frozenset({A2, A3}), _no_grad_kernel),
+    TargetRule("RP-W1", ROPE_GRAD, frozenset(TARGETS), _empty_grad_slice, src="doc", warning=True),
     TargetRule("RP-T2", ROPE, frozenset({A2, A3, A5}), _mode_is_interleave),
     TargetRule("RP-T2", ROPE_GRAD, frozenset({A5}), _mode_is_interleave),
     TargetRule("RP-T3", ROPE, frozenset({A2, A3, A5}), _head_dim_limit(forward=True)),

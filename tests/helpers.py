@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import geir
 
 ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
+
+empty_grad_slices_expected = pytest.mark.filterwarnings(r"ignore:\[RP-W1\]:geir.GeirWarning")
+"""For tests that build rotary grads with an empty slice on purpose (the RP-W1 warning has its own test)."""
 
 
 def rotary_graph(op: str, x_shape, cos_shape, dtype="float32", cos_dtype=None, name: str = "node", **attrs):

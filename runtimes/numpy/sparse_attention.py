@@ -1,7 +1,8 @@
 """NumPy kernels for SparseFlashAttention and SparseFlashAttentionGrad (spec 4.5-4.7).
 
 Query rows are flattened (BSND ``b*S1 + s1``, TND ``t``) and processed in blocks. For a block,
-each (row, KV head) gathers a padded set of ``K * sparse_block_size`` candidate keys with a
+each (row, KV head) gathers a padded set of at most ``K * sparse_block_size`` candidate keys
+(never more than the keys that exist, ``candidate_grid``) with a
 validity mask (``schemas.sparse_selection``), so every product is a batched matmul over
 (rows, KV heads) with the G query heads of a group as matrix rows; masked scores are -inf
 and masked probabilities 0. The grad scatter-adds key/value contributions by sorting their
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from geir.schemas.sparse_selection import QueryRows, candidates, query_rows
+from geir.schemas.sparse_selection import QueryRows, candidate_grid, candidates, query_rows
 
 from ._parallel import parallel_for
 
@@ -44,6 +45,13 @@ class _Problem:
     cdt: np.dtype
     scale: np.floating
     block_size: int
+    max_keys: int            # most keys of one batch (BSND S2, TND T2)
+
+    @property
+    def span(self) -> int:
+        """Candidate keys gathered per (row, KV head), bounded by the keys that exist."""
+        used, offsets = candidate_grid(self.indices.shape[-1], self.block_size, self.max_keys)
+        return used * offsets
 
     @property
     def heads(self) -> tuple[int, int, int]:
@@ -55,15 +63,15 @@ class _Problem:
         return x if self.dtype == self.cdt else x.astype(self.dtype).astype(self.cdt)
 
     def blocks(self, selected: np.ndarray) -> list[np.ndarray]:
-        n2, k = self.indices.shape[1:]
-        per_row = max(1, n2 * k * self.block_size * self.key.shape[2])
+        n2 = self.indices.shape[1]
+        per_row = max(1, n2 * self.span * self.key.shape[2])
         step = max(1, BLOCK_ELEMENTS // per_row)
         return [selected[i : i + step] for i in range(0, selected.size, step)]
 
     def gather(self, qi: np.ndarray):
         """Everything one block of query rows needs, in compute dtype."""
         n1, n2, g = self.heads
-        pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size)
+        pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size, self.max_keys)
         kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, self.key.shape[0] - 1)
         flat = kv * n2 + np.arange(n2)[None, :, None]                    # rows of the (T2 * N2, .) views
         keys = _take_rows(self.key, flat, self.cdt)                        # (nq, N2, Lp, D + Dr)
@@ -105,7 +113,8 @@ def _problem(layout: str, query, key, value, indices, lengths_q, lengths_kv, que
     flat_indices = indices.reshape((q.shape[0],) + indices.shape[-2:])
     return _Problem(layout, q, _with_rope(layout, key, key_rope),
                     None if value is None else (_flatten(layout, value) if layout == "BSND" else value),
-                    flat_indices, rows, query.shape[-1], dtype, cdt, cdt.type(np.float32(scale_value)), block_size)
+                    flat_indices, rows, query.shape[-1], dtype, cdt, cdt.type(np.float32(scale_value)), block_size,
+                    seq_kv if layout == "BSND" else key.shape[0])
 
 
 def _to_stats_layout(layout: str, rows_stats: np.ndarray, query_shape: tuple[int, ...]) -> np.ndarray:
@@ -138,7 +147,7 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
     row_sum = np.zeros((rows_total, n2, g), p.cdt)
     sink = None if sinks is None else sinks.astype(p.cdt).reshape(n2, g)
     computed = p.rows.active & ((p.rows.threshold > 0) | (sparse_mode == 0))
-    p.widen_keys(int(computed.sum()) * n2 * p.indices.shape[-1] * sparse_block_size)
+    p.widen_keys(int(computed.sum()) * n2 * p.span)
 
     def run(chunk: list[np.ndarray]) -> None:
         for qi in chunk:
@@ -235,7 +244,7 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
     stats_sum = _from_stats_layout(layout, softmax_sum).astype(p.cdt)
     d_q = np.zeros((rows_total, n2, g, dq), p.cdt)
     reads = np.flatnonzero(p.rows.reads)
-    lp = p.indices.shape[-1] * sparse_block_size
+    lp = p.span
     p.widen_keys(reads.size * n2 * lp)
     blocks = p.blocks(reads)
     accumulators: list[np.ndarray] = []

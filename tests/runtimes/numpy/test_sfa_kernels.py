@@ -103,12 +103,12 @@ def test_e2_selection_mode3_block2():
     entries = np.array([[0, -1], [0, -1], [0, 1], [1, 0]], np.int32)[:, None, :]
     rows = query_rows("BSND", 4, 4, 4, None, None, 3)
     assert rows.threshold.tolist() == [1, 2, 3, 4]
-    pos, valid = candidates(entries, rows.threshold, 2)
+    pos, valid = candidates(entries, rows.threshold, 2, max_keys=4)
     got = [sorted(pos[r, 0][valid[r, 0]].tolist()) for r in range(4)]
     assert got == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]]
     assert [select(entries[r, 0], t, 2) for r, t in enumerate([1, 2, 3, 4])] == [[0], [0, 1], [0, 1, 2], [2, 3, 0, 1]]
     future_first = np.array([[[1, 0]]], np.int32)    # s1 = 0 reads only block 1 (future): empty
-    pos, valid = candidates(future_first, np.array([1]), 2)
+    pos, valid = candidates(future_first, np.array([1]), 2, max_keys=4)
     assert not valid.any() and select([1, 0], 1, 2) == []
 
 
@@ -116,7 +116,7 @@ def test_e3_tnd_visibility():
     aq, akv = np.array([2, 5]), np.array([3, 7])
     rows = query_rows("TND", 6, 0, 0, aq, akv, 3)
     entries = np.tile(np.arange(4, dtype=np.int32), (6, 1, 1))
-    pos, valid = candidates(entries, rows.threshold, 1)
+    pos, valid = candidates(entries, rows.threshold, 1, max_keys=7)
     visible = [sorted((rows.kv_start[t] + pos[t, 0][valid[t, 0]]).tolist()) if rows.active[t] else None
                for t in range(6)]
     assert visible == [[0, 1], [0, 1, 2], [3, 4], [3, 4, 5], [3, 4, 5, 6], None]  # row 5 belongs to no batch
