@@ -101,12 +101,27 @@ class StandardOpSchema:
             self.raise_error("SCH-2", node, "inputs", f"{self.onnx.min_input} to {self.onnx.max_input}", count,
                              location)
 
+    def _check_output_count(self, ctx: InferContext) -> None:
+        """Split's output count must match what it splits into; onnx's inference asserts (aborts the
+        process) instead of raising when it does not."""
+        if self.op_type != "Split":
+            return
+        count = len(self.outputs)
+        wanted = ctx.attributes.get("num_outputs")
+        split = ctx.input_values[1] if len(ctx.input_values) > 1 else None
+        if wanted is None and split is not None:
+            wanted = np.asarray(split).size
+        if wanted is not None and wanted != count:
+            raise GraphError(f"[SCH-2] Split '{ctx.node}': outputs: expected {wanted} (num_outputs or the length of "
+                             f"'split'), got {count}", rule="SCH-2", node=ctx.node, location=ctx.location)
+
     def infer_types(self, ctx: InferContext) -> tuple[TensorType | None, ...]:
         names = [f"in{i}" if t is not None else "" for i, t in enumerate(ctx.inputs)]
         proto = helper.make_node(self.op_type, names, [f"out{i}" for i in range(len(self.outputs))], **ctx.attributes)
         types = {n: helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape)) for n, t in zip(names, ctx.inputs)
                  if t is not None}
         data = {n: numpy_helper.from_array(v) for n, v in zip(names, ctx.input_values) if v is not None}
+        self._check_output_count(ctx)
         try:
             inferred = shape_inference.infer_node_outputs(self.onnx, proto, types, input_data=data, opset_imports=[
                 helper.make_opsetid("", OPSET)])

@@ -67,8 +67,7 @@ class OnnxRuntimeExecutable:
         self.graph = graph
         self.native = native_library() is not None
         self.model = to_onnx(graph)
-        self.session = ort.InferenceSession(self.model.SerializeToString(), session_options(),
-                                            providers=["CPUExecutionProvider"])
+        self.session = _session(self.model, graph)
         self.order = graph.topological_order()
         given = {v.name for v in graph.inputs} | set(graph.constants)
         self.checked = [n for n in self.order if n.schema.validate is not None]
@@ -128,8 +127,7 @@ class OnnxRuntimeExecutable:
         """The probed inner values for these feeds (index tensors as arrays; others as shape stand-ins)."""
         values = list(self.probed.values())
         if self._probe_session is None:
-            self._probe_session = ort.InferenceSession(_probe_model(self.model, values).SerializeToString(),
-                                                       session_options(), providers=["CPUExecutionProvider"])
+            self._probe_session = _session(_probe_model(self.model, values), self.graph)
         binding = self._probe_session.io_binding()
         keep_alive = [_ort_value(np.ascontiguousarray(a)) for a in arrays.values()]
         for name, value in zip(arrays, keep_alive):
@@ -147,6 +145,16 @@ class OnnxRuntimeExecutable:
             else:   # only its shape is read
                 probed[value.name] = np.broadcast_to(np.zeros((), value.type.dtype.numpy), tuple(result.shape()))
         return probed
+
+
+def _session(model: onnx.ModelProto, graph: Graph) -> ort.InferenceSession:
+    """An InferenceSession; GraphError when ONNX Runtime cannot run the graph (a kernel it lacks, say)."""
+    options = session_options()
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': {first}") from exc
 
 
 def _probe_model(model: onnx.ModelProto, values: list[Value]) -> onnx.ModelProto:
@@ -205,6 +213,16 @@ def _validate_node(node: Node, known: Mapping[str, np.ndarray], types: Mapping[s
             return False
     validate_node_data(node, args)
     return True
+
+
+def _session(model: onnx.ModelProto, graph: Graph) -> ort.InferenceSession:
+    """An InferenceSession; GraphError when ONNX Runtime cannot run the graph (a kernel it lacks, say)."""
+    options = session_options()
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': {first}") from exc
 
 
 def _probe_model(model: onnx.ModelProto, values: list[Value]) -> onnx.ModelProto:
