@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnx import AttributeProto, TypeProto, ValueInfoProto, helper
+from onnx import AttributeProto, TensorProto, TypeProto, ValueInfoProto, helper
 
 from ._dtypes import as_dtype
 from ._errors import GraphError
@@ -33,7 +33,8 @@ def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = No
     try:
         dtype = as_dtype(int(tt.elem_type))
     except TypeError:
-        raise GraphError(f"{what}: element type {helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else '?'} "
+        names = {v: k for k, v in TensorProto.DataType.items()}
+        raise GraphError(f"{what}: element type {names.get(tt.elem_type, tt.elem_type)} ({_numpy_name(tt.elem_type)}) "
                          f"is not one of geir's dtypes") from None
     if not tt.HasField("shape"):
         raise GraphError(f"{what}: expected a shape (geir needs every rank), got none")
@@ -48,6 +49,13 @@ def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = No
         else:
             raise GraphError(f"{what} dim {k}: expected a size or a symbol name, got an unnamed unknown dim")
     return TensorType(dtype, dims)
+
+
+def _numpy_name(elem_type: int) -> str:
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return "unknown to onnx"
 
 
 def attribute_to_onnx(name: str, kind: str, value: Any) -> AttributeProto:

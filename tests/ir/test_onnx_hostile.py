@@ -199,3 +199,13 @@ def test_run_and_check_take_a_path_or_a_model_proto(tmp_path):
         assert geir.check(source, target="ascend910b").ok
     with pytest.raises(GraphError, match=r"geir.run: expected a geir Graph, an onnx.ModelProto or the path"):
         geir.run([g], feeds)
+
+
+def test_an_unknown_element_type_is_named_not_a_key_error():
+    from geir._onnx_types import tensor_type_from_onnx
+
+    with pytest.raises(GraphError, match=r"graph input 'x': element type 99 \(unknown to onnx\) is not one of"):
+        tensor_type_from_onnx(helper.make_tensor_type_proto(99, [2]), "graph input 'x'")
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", dtype=99)], [_vi("y")])
+    with pytest.raises(GraphError):
+        geir.from_onnx(model)
