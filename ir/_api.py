@@ -37,7 +37,7 @@ def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy
         ExecutionError: a feed is missing, unexpected or of the wrong dtype/shape, or a
             node's input data is invalid; the message names the input or node.
     """
-    from geir.runtimes import get_runtime
+    from ..runtimes import get_runtime
 
     return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds)
 
@@ -47,7 +47,7 @@ def check(graph: GraphLike, target: str):
 
     Raises GraphError for an unknown target (the message lists the known ones).
     """
-    from geir.passes import CheckTarget
+    from ..passes import CheckTarget
 
     check_pass = CheckTarget(target)
     check_pass(as_graph(graph, "geir.check"))

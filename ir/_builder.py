@@ -20,7 +20,7 @@ from ._errors import GeirWarning, GraphError, user_location
 from ._types import TensorType
 
 if TYPE_CHECKING:
-    from geir.schemas import OpSchema
+    from ..schemas import OpSchema
 
 __all__ = ["GraphBuilder"]
 
@@ -76,7 +76,7 @@ class GraphBuilder:
 
     def build(self) -> Graph:
         """Verify the graph and infer every type (raises GraphError); the builder is then closed."""
-        from geir.passes import build_pipeline
+        from ..passes import build_pipeline
 
         self._check_open()
         if not self._graph.outputs:
@@ -97,8 +97,8 @@ class GraphBuilder:
         Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``,
         ``a, c = b.op("Split", x, axis=1, num_outputs=2)``.
         """
-        from geir.schemas import all_schemas, get_schema
-        from geir.schemas.standard import variadic_output_count
+        from ..schemas import all_schemas, get_schema
+        from ..schemas.standard import variadic_output_count
 
         if domain is None:
             ours = sorted(s.op_type for s in all_schemas())
@@ -139,7 +139,7 @@ class GraphBuilder:
         return value
 
     def __getattr__(self, op_type: str) -> Any:
-        from geir.schemas import all_schemas
+        from ..schemas import all_schemas
 
         for schema in all_schemas():
             if schema.op_type == op_type:
@@ -148,13 +148,13 @@ class GraphBuilder:
         raise AttributeError(f"'GraphBuilder' has no attribute or registered op {op_type!r}")
 
     def __dir__(self) -> list[str]:
-        from geir.schemas import all_schemas
+        from ..schemas import all_schemas
 
         return sorted(set(super().__dir__()) | {s.op_type for s in all_schemas()})
 
     def _add(self, schema: OpSchema, positional: list[Any], named_inputs: dict[str, Any],
              attributes: dict[str, Any], name: str | None, output_names: list[str] | None = None) -> OpResult:
-        from geir.schemas import InferContext
+        from ..schemas import InferContext
 
         self._check_open()
         location = user_location()

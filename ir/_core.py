@@ -12,7 +12,7 @@ from ._errors import GraphError, SourceLocation
 from ._types import SymbolTable, TensorType
 
 if TYPE_CHECKING:
-    from geir.schemas import OpSchema
+    from ..schemas import OpSchema
 
 __all__ = ["Graph", "Node", "Value"]
 
@@ -93,7 +93,7 @@ class Node:
 
     @property
     def schema(self) -> OpSchema:
-        from geir.schemas import get_schema
+        from ..schemas import get_schema
 
         return get_schema(self.op_type, self.domain, outputs=len(self.outputs))
 

@@ -26,8 +26,8 @@ IR_VERSION = 9
 
 def to_onnx(graph: Graph) -> ModelProto:
     """The graph as an ONNX ModelProto that passes ``onnx.checker.check_model(full_check=True)``."""
-    from geir.schemas import get_schema
-    from geir.schemas._onnx_body import OPSET
+    from ..schemas import get_schema
+    from ..schemas._onnx_body import OPSET
 
     register_onnx_schemas()
     nodes, specs = [], {}
@@ -77,7 +77,7 @@ def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
 
 
 def _lowering_spec(node: Node, schema):
-    from geir.schemas.lowering import LOWERINGS, LoweringSpec
+    from ..schemas.lowering import LOWERINGS, LoweringSpec
 
     if node.op_type not in LOWERINGS:
         raise GraphError(f"{node.op_type} '{node.name}': no ONNX lowering is declared for this op", node=node.name)
@@ -94,9 +94,9 @@ def _describe_spec(spec) -> str:
 
 
 def _function(spec) -> FunctionProto:
-    from geir.schemas import get_schema
-    from geir.schemas._onnx_body import OPSET, Body
-    from geir.schemas.lowering import LOWERINGS
+    from ..schemas import get_schema
+    from ..schemas._onnx_body import OPSET, Body
+    from ..schemas.lowering import LOWERINGS
 
     schema = get_schema(spec.op_type)
     body = Body()

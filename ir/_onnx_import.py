@@ -140,8 +140,8 @@ def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
 
 
 def _import(model: ModelProto) -> Graph:
-    from geir.schemas import all_schemas
-    from geir.schemas._onnx_body import OPSET
+    from ..schemas import all_schemas
+    from ..schemas._onnx_body import OPSET
 
     register_onnx_schemas()
     _check_model(model)
@@ -215,7 +215,7 @@ def _dependency_order(graph, available: set[str]) -> list:
 
 
 def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
-    from geir.schemas import get_schema
+    from ..schemas import get_schema
 
     domain = node.domain or ""
     name = node.name or None

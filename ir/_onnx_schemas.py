@@ -26,7 +26,7 @@ def register_onnx_schemas() -> None:
     global _registered
     if _registered:
         return
-    from geir.schemas import all_schemas
+    from ..schemas import all_schemas
 
     for schema in all_schemas():
         if defs.has(schema.op_type, schema.domain):
@@ -50,7 +50,7 @@ def register_onnx_schemas() -> None:
 
 
 def _inference_for(schema):
-    from geir.schemas import InferContext
+    from ..schemas import InferContext
 
     from ._onnx_types import attribute_from_onnx
 

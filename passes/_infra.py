@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, NamedTuple
 
-from geir._core import Graph
-from geir._errors import GraphError
+from ..ir._core import Graph
+from ..ir._errors import GraphError
 
 __all__ = ["Pass", "PassManager", "PassResult"]
 

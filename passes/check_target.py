@@ -5,10 +5,10 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from geir._core import Graph
-from geir._errors import GeirWarning, SourceLocation
-from geir.schemas import InferContext
-from geir.schemas.targets import rules_for, validate_target
+from ..ir._core import Graph
+from ..ir._errors import GeirWarning, SourceLocation
+from ..schemas import InferContext
+from ..schemas.targets import rules_for, validate_target
 
 from ._infra import Pass, PassResult
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from geir._core import Graph, Node
+from ..ir._core import Graph, Node
 
 from ._infra import Pass, PassResult
 

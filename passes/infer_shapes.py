@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from geir._core import Graph, Node
-from geir._errors import GraphError
-from geir._types import SymbolTable, TensorType
-from geir.schemas import InferContext
+from ..ir._core import Graph, Node
+from ..ir._errors import GraphError
+from ..ir._types import SymbolTable, TensorType
+from ..schemas import InferContext
 
 from ._infra import Pass, PassResult
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from geir._core import Graph
-from geir._errors import GraphError
-from geir.schemas import get_schema
+from ..ir._core import Graph
+from ..ir._errors import GraphError
+from ..schemas import get_schema
 
 from ._infra import Pass, PassResult
 

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from geir._core import Graph, Node
-from geir._errors import ExecutionError, GraphError
-from geir._types import TensorType
-from geir.passes import infer_node
-from geir.schemas import DataContext
+from ..ir._core import Graph, Node
+from ..ir._errors import ExecutionError, GraphError
+from ..ir._types import TensorType
+from ..passes import infer_node
+from ..schemas import DataContext
 
 __all__ = ["concrete_types", "describe", "is_symbolic", "output_types_on", "validate_node_data"]
 

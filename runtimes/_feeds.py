@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from geir._core import Graph
-from geir._errors import ExecutionError
+from ..ir._core import Graph
+from ..ir._errors import ExecutionError
 
 __all__ = ["as_feed_array", "validate_feeds"]
 

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from geir._core import Graph
+from ..ir._core import Graph
 
 __all__ = ["Executable", "Runtime", "get_runtime", "register_runtime", "runtime_names"]
 

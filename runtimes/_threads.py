@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from geir._errors import ExecutionError
+from ..ir._errors import ExecutionError
 
 __all__ = ["available_cpus", "num_threads"]
 

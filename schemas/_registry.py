@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from geir._errors import GraphError
+from ..ir._errors import GraphError
 
 from ._schema import OpSchema
 

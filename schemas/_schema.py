@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from geir._dtypes import DType
-from geir._errors import ExecutionError, GraphError, SourceLocation, format_rule_message
-from geir._types import Dim, SymbolTable, TensorType
+from ..ir._dtypes import DType
+from ..ir._errors import ExecutionError, GraphError, SourceLocation, format_rule_message
+from ..ir._types import Dim, SymbolTable, TensorType
 
 __all__ = [
     "REQUIRED",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from geir._dtypes import DType
-from geir._types import Dim
+from ..ir._dtypes import DType
+from ..ir._types import Dim
 
 from ._registry import register
 from ._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from geir._dtypes import DType
-from geir._types import Dim, TensorType
+from ..ir._dtypes import DType
+from ..ir._types import Dim, TensorType
 
 from ._registry import register
 from ._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from geir._errors import GraphError
+from ..ir._errors import GraphError
 
 from ._schema import InferContext
 from .rotary import EMPTY_GRAD_SLICE_HINT, rotary_slice

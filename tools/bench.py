@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import geir
-from geir.moe_indices import sorted_indices_from_expert_ids
-from geir.runtimes import get_runtime
+from ..ir.moe_indices import sorted_indices_from_expert_ids
+from ..runtimes import get_runtime
 
 from ._table import format_table
 
@@ -287,7 +287,7 @@ def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progr
         rows.append((m.op, m.case, m.name, f"{t * 1e3:.2f}", f"{m.work / t / 1e9:.2f} {m.unit}", ratio))
     if progress is not None:
         progress.write("\n")
-    from geir.runtimes.onnxruntime import native_status
+    from ..runtimes.onnxruntime import native_status
 
     notes = [f"onnxruntime: {native_status()}",
              "PyTorch eager: " + ("torch " + _torch().__version__ if _torch() is not None else "not installed"),

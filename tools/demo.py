@@ -295,7 +295,7 @@ def run_demo(runtime: str | None = None) -> int:
     print("geir demo: the operator contract's graph-mode examples, on " + " and ".join(runtimes) + "; each graph "
           "is also\nexported to ONNX (checker full_check), imported back and run again")
     if "onnxruntime" in runtimes:
-        from geir.runtimes.onnxruntime import native_status
+        from ..runtimes.onnxruntime import native_status
 
         print(f"onnxruntime: {native_status()}")
     print()

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from geir._core import Graph, Node
-from geir._errors import ExecutionError, GraphError
-from geir._types import TensorType
-from geir.passes import live_nodes
+from ...ir._core import Graph, Node
+from ...ir._errors import ExecutionError, GraphError
+from ...ir._types import TensorType
+from ...passes import live_nodes
 
 from .._checks import describe, is_symbolic, output_types_on, validate_node_data
 from .._feeds import validate_feeds

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from geir.schemas.sparse_selection import QueryRows, candidate_grid, candidates, query_rows
+from ...schemas.sparse_selection import QueryRows, candidate_grid, candidates, query_rows
 
 from ._parallel import parallel_for
 

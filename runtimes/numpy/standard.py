@@ -8,9 +8,9 @@ import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from geir._core import Node
-from geir._onnx_types import value_info
-from geir.schemas._onnx_body import OPSET
+from ...ir._core import Node
+from ...ir._onnx_types import value_info
+from ...schemas._onnx_body import OPSET
 
 __all__ = ["standard_kernel"]
 

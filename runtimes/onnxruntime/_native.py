@@ -31,7 +31,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from geir._errors import GeirWarning
+from ...ir._errors import GeirWarning
 
 __all__ = ["COMPILE_TIMEOUT_S", "find_compiler", "native_library", "native_status"]
 

@@ -11,11 +11,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto
 
-from geir._core import Graph, Node, Value
-from geir._errors import ExecutionError, GraphError
-from geir._onnx_export import to_onnx
-from geir._onnx_types import value_info
-from geir._types import TensorType
+from ...ir._core import Graph, Node, Value
+from ...ir._errors import ExecutionError, GraphError
+from ...ir._onnx_export import to_onnx
+from ...ir._onnx_types import value_info
+from ...ir._types import TensorType
 
 from .._checks import concrete_types, describe, validate_node_data
 from .._feeds import validate_feeds

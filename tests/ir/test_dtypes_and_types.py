@@ -7,7 +7,7 @@ from onnx import TensorProto
 
 import geir
 from geir import DType, SymbolTable, TensorType, as_dtype
-from geir._types import BroadcastError
+from geir.ir._types import BroadcastError
 
 
 @pytest.mark.parametrize("name, np_dtype, onnx_code", [

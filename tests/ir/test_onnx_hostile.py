@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import geir
 from geir import GraphError
-from geir._onnx_import import MAX_IMPORTED_NODES
+from geir.ir._onnx_import import MAX_IMPORTED_NODES
 from helpers import moe_graph
 
 F32 = TensorProto.FLOAT
@@ -202,7 +202,7 @@ def test_run_and_check_take_a_path_or_a_model_proto(tmp_path):
 
 
 def test_an_unknown_element_type_is_named_not_a_key_error():
-    from geir._onnx_types import tensor_type_from_onnx
+    from geir.ir._onnx_types import tensor_type_from_onnx
 
     with pytest.raises(GraphError, match=r"graph input 'x': element type 99 \(unknown to onnx\) is not one of"):
         tensor_type_from_onnx(helper.make_tensor_type_proto(99, [2]), "graph input 'x'")

@@ -1,0 +1,57 @@
+"""geir: a graph IR compiler and executor for CANN ops-transformer training operators.
+
+Build graphs with ``GraphBuilder``, run them with ``run`` on the NumPy runtime, and check
+them against a device with ``check``. See the project README for a tour.
+"""
+
+from __future__ import annotations
+
+from .ir._dtypes import DType, as_dtype
+from .ir._errors import ExecutionError, GeirWarning, GraphError, SourceLocation
+from .ir._types import Dim, SymbolTable, TensorType
+from .ir._core import Graph, Node, Value
+from .ir._builder import GraphBuilder
+from .ir._api import check, run
+from .ir._onnx_export import save_onnx, to_onnx
+from .ir._onnx_import import from_onnx, load_onnx
+from .ir import moe_indices
+
+from .ir._onnx_schemas import register_onnx_schemas
+
+register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops once geir is imported
+
+float32 = DType.FLOAT32
+float16 = DType.FLOAT16
+bfloat16 = DType.BFLOAT16
+int32 = DType.INT32
+int64 = DType.INT64
+bool_ = DType.BOOL
+
+__all__ = [
+    "DType",
+    "Dim",
+    "ExecutionError",
+    "GeirWarning",
+    "Graph",
+    "GraphBuilder",
+    "GraphError",
+    "Node",
+    "SourceLocation",
+    "SymbolTable",
+    "TensorType",
+    "Value",
+    "as_dtype",
+    "bfloat16",
+    "bool_",
+    "check",
+    "float16",
+    "float32",
+    "from_onnx",
+    "int32",
+    "int64",
+    "load_onnx",
+    "moe_indices",
+    "run",
+    "save_onnx",
+    "to_onnx",
+]
