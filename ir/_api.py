@@ -8,8 +8,11 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import ModelProto
 
+from ..passes import CheckTarget
+from ..runtimes import get_runtime
 from ._core import Graph
 from ._errors import GraphError
+from ._onnx_import import from_onnx
 
 __all__ = ["as_graph", "check", "run"]
 
@@ -21,8 +24,6 @@ def as_graph(graph: GraphLike, caller: str) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, (ModelProto, str, os.PathLike)):
-        from ._onnx_import import from_onnx
-
         return from_onnx(graph)
     raise GraphError(f"{caller}: expected a geir Graph, an onnx.ModelProto or the path of an ONNX file, got "
                      f"{type(graph).__name__}")
@@ -37,8 +38,6 @@ def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy
         ExecutionError: a feed is missing, unexpected or of the wrong dtype/shape, or a
             node's input data is invalid; the message names the input or node.
     """
-    from ..runtimes import get_runtime
-
     return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds)
 
 
@@ -47,8 +46,6 @@ def check(graph: GraphLike, target: str):
 
     Raises GraphError for an unknown target (the message lists the known ones).
     """
-    from ..passes import CheckTarget
-
     check_pass = CheckTarget(target)
     check_pass(as_graph(graph, "geir.check"))
     return check_pass.report

@@ -10,17 +10,17 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..passes import build_pipeline
+from ..schemas import InferContext, OpSchema, all_schemas, get_schema
+from ..schemas.standard import variadic_output_count
 from ._core import CANN_DOMAIN, Graph, Node, Value
 from ._dtypes import DTypeLike
 from ._errors import GeirWarning, GraphError, user_location
 from ._types import TensorType
-
-if TYPE_CHECKING:
-    from ..schemas import OpSchema
 
 __all__ = ["GraphBuilder"]
 
@@ -76,8 +76,6 @@ class GraphBuilder:
 
     def build(self) -> Graph:
         """Verify the graph and infer every type (raises GraphError); the builder is then closed."""
-        from ..passes import build_pipeline
-
         self._check_open()
         if not self._graph.outputs:
             raise GraphError(f"graph '{self._graph.name}': no outputs; mark at least one with output()")
@@ -97,9 +95,6 @@ class GraphBuilder:
         Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``,
         ``a, c = b.op("Split", x, axis=1, num_outputs=2)``.
         """
-        from ..schemas import all_schemas, get_schema
-        from ..schemas.standard import variadic_output_count
-
         if domain is None:
             ours = sorted(s.op_type for s in all_schemas())
             if op_type not in ours:
@@ -139,8 +134,6 @@ class GraphBuilder:
         return value
 
     def __getattr__(self, op_type: str) -> Any:
-        from ..schemas import all_schemas
-
         for schema in all_schemas():
             if schema.op_type == op_type:
                 method = _op_method(schema)
@@ -148,14 +141,19 @@ class GraphBuilder:
         raise AttributeError(f"'GraphBuilder' has no attribute or registered op {op_type!r}")
 
     def __dir__(self) -> list[str]:
-        from ..schemas import all_schemas
-
         return sorted(set(super().__dir__()) | {s.op_type for s in all_schemas()})
+
+    def add_node(self, schema: OpSchema, inputs: list[Value | None], attributes: dict[str, Any] | None = None,
+                 name: str | None = None, output_names: list[str] | None = None) -> OpResult:
+        """Add a node of ``schema`` (from ``geir.schemas.get_schema``): the call every frontend uses.
+
+        ``inputs`` are positional (None for an absent optional input); ``output_names`` keeps given
+        value names (an importer's), "" marking an absent optional output.
+        """
+        return self._add(schema, list(inputs), {}, dict(attributes or {}), name, output_names)
 
     def _add(self, schema: OpSchema, positional: list[Any], named_inputs: dict[str, Any],
              attributes: dict[str, Any], name: str | None, output_names: list[str] | None = None) -> OpResult:
-        from ..schemas import InferContext
-
         self._check_open()
         location = user_location()
         if name is None:

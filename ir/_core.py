@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -11,8 +11,17 @@ import numpy as np
 from ._errors import GraphError, SourceLocation
 from ._types import SymbolTable, TensorType
 
-if TYPE_CHECKING:
-    from ..schemas import OpSchema
+SchemaResolver = Callable[[str, str, int], Any]
+_schema_resolver: SchemaResolver | None = None
+
+
+def set_schema_resolver(resolver: SchemaResolver) -> None:
+    """Install the operator registry's lookup ``(op_type, domain, output count) -> schema``.
+
+    The core knows no op: the registry (``geir.schemas``) installs itself here when imported.
+    """
+    global _schema_resolver
+    _schema_resolver = resolver
 
 __all__ = ["Graph", "Node", "Value"]
 
@@ -92,10 +101,11 @@ class Node:
         self._inputs = self._inputs[:index] + (value,) + self._inputs[index + 1 :]
 
     @property
-    def schema(self) -> OpSchema:
-        from ..schemas import get_schema
-
-        return get_schema(self.op_type, self.domain, outputs=len(self.outputs))
+    def schema(self) -> Any:
+        if _schema_resolver is None:
+            raise GraphError(f"{self.op_type} '{self.name}': no operator registry is loaded (import geir)",
+                             node=self.name)
+        return _schema_resolver(self.op_type, self.domain, len(self.outputs))
 
     def __str__(self) -> str:
         outs = ", ".join(v.name if v is not None else "_" for v in self.outputs)

@@ -12,6 +12,9 @@ import os
 
 from onnx import FunctionProto, ModelProto, checker, helper, numpy_helper
 
+from ..schemas import OPSET, get_schema
+from ..schemas._onnx_body import Body
+from ..schemas.lowering import LOWERINGS, LoweringSpec
 from ._core import CANN_DOMAIN, Graph, Node
 from ._errors import GraphError
 from ._onnx_schemas import register_onnx_schemas
@@ -26,9 +29,6 @@ IR_VERSION = 9
 
 def to_onnx(graph: Graph) -> ModelProto:
     """The graph as an ONNX ModelProto that passes ``onnx.checker.check_model(full_check=True)``."""
-    from ..schemas import get_schema
-    from ..schemas._onnx_body import OPSET
-
     register_onnx_schemas()
     nodes, specs = [], {}
     for node in graph.topological_order():
@@ -77,8 +77,6 @@ def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
 
 
 def _lowering_spec(node: Node, schema):
-    from ..schemas.lowering import LOWERINGS, LoweringSpec
-
     if node.op_type not in LOWERINGS:
         raise GraphError(f"{node.op_type} '{node.name}': no ONNX lowering is declared for this op", node=node.name)
     _, structural = LOWERINGS[node.op_type]
@@ -94,10 +92,6 @@ def _describe_spec(spec) -> str:
 
 
 def _function(spec) -> FunctionProto:
-    from ..schemas import get_schema
-    from ..schemas._onnx_body import OPSET, Body
-    from ..schemas.lowering import LOWERINGS
-
     schema = get_schema(spec.op_type)
     body = Body()
     LOWERINGS[spec.op_type][0](body, spec)

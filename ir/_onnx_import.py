@@ -21,6 +21,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, checker, inliner, numpy_helper, version_converter
 
+from ..schemas import OPSET, all_schemas, get_schema
 from ._builder import GraphBuilder
 from ._core import CANN_DOMAIN, Graph, Value
 from ._errors import GraphError
@@ -140,9 +141,6 @@ def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
 
 
 def _import(model: ModelProto) -> Graph:
-    from ..schemas import all_schemas
-    from ..schemas._onnx_body import OPSET
-
     register_onnx_schemas()
     _check_model(model)
     ours = {(CANN_DOMAIN, s.op_type) for s in all_schemas()}
@@ -215,8 +213,6 @@ def _dependency_order(graph, available: set[str]) -> list:
 
 
 def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
-    from ..schemas import get_schema
-
     domain = node.domain or ""
     name = node.name or None
     if domain in ("", "ai.onnx") and node.op_type == "Constant":
@@ -233,7 +229,7 @@ def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
         raise GraphError(f"{node.op_type} '{node.name}': domain '{domain}' is neither ours ({CANN_DOMAIN}) nor "
                          f"standard ONNX", node=node.name)
     inputs = [values[n] if n else None for n in node.input]
-    results = b._add(schema, inputs, {}, attrs, name, output_names=list(node.output))
+    results = b.add_node(schema, inputs, attrs, name, output_names=list(node.output))
     for value in results if isinstance(results, tuple) else (results,):
         if value is not None:
             values[value.name] = value

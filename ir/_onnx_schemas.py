@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from onnx import TypeProto, defs, helper
 
-from ._onnx_types import tensor_type_from_onnx
+from ..schemas import InferContext, all_schemas
+from ._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 
 __all__ = ["register_onnx_schemas"]
 
@@ -26,8 +27,6 @@ def register_onnx_schemas() -> None:
     global _registered
     if _registered:
         return
-    from ..schemas import all_schemas
-
     for schema in all_schemas():
         if defs.has(schema.op_type, schema.domain):
             continue
@@ -50,10 +49,6 @@ def register_onnx_schemas() -> None:
 
 
 def _inference_for(schema):
-    from ..schemas import InferContext
-
-    from ._onnx_types import attribute_from_onnx
-
     def infer(ctx) -> None:
         types = []
         for i, spec in enumerate(schema.inputs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..ir._core import set_schema_resolver
 from ..ir._errors import GraphError
 
 from ._schema import OpSchema
@@ -45,3 +46,6 @@ def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, o
 
 def all_schemas() -> list[OpSchema]:
     return list(_SCHEMAS.values())
+
+
+set_schema_resolver(lambda op_type, domain, outputs: get_schema(op_type, domain, outputs=outputs))

@@ -257,6 +257,10 @@ class OpSchema:
                 raise ValueError(f"{self.op_type}: dtype combination {combo} does not cover every input")
 
     @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+    @property
     def max_inputs(self) -> int:
         return len(self.inputs)
 

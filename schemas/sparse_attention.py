@@ -56,7 +56,7 @@ def head_group(n1: Dim, n2: Dim) -> Dim:
 
 
 def _present(ctx: InferContext, name: str) -> TensorType | None:
-    return ctx.input(name) if name in ctx.schema._input_index else None
+    return ctx.input(name) if name in ctx.schema.input_names else None
 
 
 def _role_sources(ctx: InferContext, layout: str) -> dict[str, tuple[Dim, str, int]]:

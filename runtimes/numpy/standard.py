@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ...ir._core import Node
 from ...ir._onnx_types import value_info
-from ...schemas._onnx_body import OPSET
+from ...schemas import OPSET
 
 __all__ = ["standard_kernel"]
 

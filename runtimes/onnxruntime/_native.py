@@ -31,7 +31,13 @@ import threading
 import warnings
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
+
+from ...ir._builder import GraphBuilder
 from ...ir._errors import GeirWarning
+from ...ir._onnx_export import to_onnx
+from ..numpy import NumpyRuntime
 
 __all__ = ["COMPILE_TIMEOUT_S", "find_compiler", "native_library", "native_status"]
 
@@ -163,13 +169,8 @@ def _counter(path: Path) -> ctypes._CFuncPtr:
 def _self_test(path: Path) -> None:
     """Run each kernel family through a session with the library: its call counter must move and the
     result must equal the NumPy runtime's bit for bit."""
-    import numpy as np
-    import onnxruntime as ort
-
-    import geir
-
     rng = np.random.default_rng(0)
-    b = geir.GraphBuilder("geir_native_self_test")
+    b = GraphBuilder("geir_native_self_test")
     x = b.input("x", "float16", (1, 2, 2, 8))
     c = b.input("c", "float16", (1, 2, 1, 8))
     tokens = b.input("tokens", "float32", (6, 5))
@@ -192,14 +193,14 @@ def _self_test(path: Path) -> None:
     options.register_custom_ops_library(str(path))
     counter = _counter(path)
     before = counter()
-    session = ort.InferenceSession(geir.to_onnx(graph).SerializeToString(), options,
+    session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     names = [v.name for v in graph.outputs]
     got = dict(zip(names, session.run(names, feeds)))
     if counter() - before != 3:
         raise RuntimeError(f"the self-test ran {counter() - before} of 3 native kernels (ONNX Runtime older than "
                            f"1.17 offers no API version 17)")
-    want = geir.run(graph, feeds)
+    want = NumpyRuntime().compile(graph).run(feeds)
     for name in ("rotary", "unpermuted", "ptg"):
         if not np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)):
             raise RuntimeError(f"the native kernel's self-test result '{name}' differs from the NumPy runtime")
