@@ -1,5 +1,7 @@
-"""The native custom-op library: built from ``native/geir_ort.c`` with the machine's C compiler on
-first use, cached, loaded into sessions, and proven by a self-test before it is trusted.
+"""The native custom-op library: built from the C files in ``native/`` (the ABI declarations in
+``abi.h``/``abi.c``, half-precision helpers in ``half.h``, one file per op family, registration)
+into one shared object with the machine's C compiler on first use, cached, loaded into sessions,
+and proven by a self-test before it is trusted.
 
 Trust rules for the cache (a library there runs its code inside this process):
 - the cache directory must be a directory owned by the current user and writable by no one else
@@ -41,7 +43,9 @@ from ..numpy import NumpyRuntime
 
 __all__ = ["COMPILE_TIMEOUT_S", "find_compiler", "native_library", "native_status"]
 
-SOURCE = Path(__file__).with_name("native") / "geir_ort.c"
+NATIVE = Path(__file__).with_name("native")
+SOURCES = tuple(sorted(NATIVE.glob("*.c")))
+"""Compiled together into the one library; the headers beside them take part in the cache key."""
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-Wall"]
 """``-ffp-contract=off``: no FMA contraction, so results stay bit-identical to the NumPy runtime."""
 COMPILE_TIMEOUT_S = 300.0
@@ -133,7 +137,7 @@ def _compiler() -> list[str]:
 def _build() -> Path:
     """The cached library for this source and compiler, verified or freshly built."""
     compiler = _compiler()
-    source = SOURCE.read_bytes()
+    source = b"".join(p.name.encode() + p.read_bytes() for p in sorted([*SOURCES, *NATIVE.glob("*.h")]))
     key = hashlib.sha256(source + " ".join([*compiler, *CFLAGS, sys.platform]).encode()).hexdigest()[:16]
     directory = _trusted_dir()
     target = directory / f"libgeir_ort-{key}.so"
@@ -145,7 +149,7 @@ def _build() -> Path:
     os.close(fd)
     try:
         try:
-            result = subprocess.run([*compiler, *CFLAGS, "-o", temp, str(SOURCE)], capture_output=True, text=True,
+            result = subprocess.run([*compiler, *CFLAGS, "-o", temp, *map(str, SOURCES)], capture_output=True, text=True,
                                     timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{compiler[0]} did not finish within {COMPILE_TIMEOUT_S:g} s") from None

@@ -173,3 +173,24 @@ def test_unbuildable_library_falls_back_and_says_so_once():
     """, env={"CC": "/bin/false", "GEIR_CACHE_DIR": "/tmp/geir-test-cache-empty"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("None None 1 function bodies only (RuntimeError: /bin/false failed")
+
+
+def test_the_native_dtype_table_is_the_schemas():
+    """Every (op, dtypes) the library registers is a legal combination of the op's schema, and every
+    legal combination of the rotary and MoE schemas has a native kernel."""
+    from geir.schemas import get_schema
+
+    lib = ctypes.CDLL(native_library())
+    lib.geir_op_entry.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)] + [ctypes.c_void_p] * 5
+    registered: dict[str, set[tuple]] = {}
+    for i in range(lib.geir_op_count()):
+        name, n_in, n_out, optional = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        ins, outs = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+        assert lib.geir_op_entry(i, ctypes.byref(name), ins, ctypes.byref(n_in), outs, ctypes.byref(n_out),
+                                 ctypes.byref(optional)) == 1
+        types = tuple(geir.as_dtype(int(ins[k])) for k in range(n_in.value))
+        registered.setdefault(name.value.decode(), set()).add(types)
+    assert set(registered) == {ROPE, ROPE_GRAD, "MoeTokenUnpermute", "MoeTokenUnpermuteGrad"}
+    for op, combos in registered.items():
+        legal = set(get_schema(op).type_combinations)
+        assert combos == legal, (op, sorted(map(str, combos - legal)), sorted(map(str, legal - combos)))

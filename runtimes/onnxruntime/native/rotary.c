@@ -1,0 +1,168 @@
+/* Rotary position embedding and its gradient (spec 2.4): y = c * g + m * g[partner], as geir's NumPy kernel.
+ *
+ * Numerics match the NumPy runtime: float32 compute, products and sums in the same order, no FMA
+ * contraction (built with -ffp-contract=off), one round-to-nearest-even per output. */
+#include "half.h"
+#include "kernels.h"
+
+typedef struct {
+  const RotaryKernel* k;
+  Tensor x, cos, sin, out;
+  int64_t length, rows_per_task, rows, cb, cs, cn;
+  int* partner;
+  float* sign;
+} RotaryJob;
+
+/* y[i] = c[i] * g[i] + m[i] * g[partner(i)] over the slice, in the pair layout of the mode; the
+ * partner of a position is a fixed offset within contiguous segments, so every loop is a plain
+ * vectorisable pass (the two products and the sum are rounded as the NumPy kernel rounds them). */
+static void rotary_row(int64_t mode, int64_t L, const float* c, const float* m, const float* g, float* y) {
+  if (mode == 1) {
+    for (int64_t i = 0; i < L; i += 2) {
+      float a = c[i] * g[i], b = m[i] * g[i + 1];
+      float d = c[i + 1] * g[i + 1], e = m[i + 1] * g[i];
+      y[i] = a + b;
+      y[i + 1] = d + e;
+    }
+    return;
+  }
+  int64_t seg = mode == 2 ? L / 4 : L / 2; /* pairs (i, i + seg) inside each block of 2 * seg */
+  for (int64_t base = 0; base < L; base += 2 * seg) {
+    const float *c0 = c + base, *m0 = m + base, *g0 = g + base;
+    float* y0 = y + base;
+    for (int64_t i = 0; i < seg; i++) {
+      float a = c0[i] * g0[i], b = m0[i] * g0[i + seg];
+      y0[i] = a + b;
+    }
+    for (int64_t i = seg; i < 2 * seg; i++) {
+      float a = c0[i] * g0[i], b = m0[i] * g0[i - seg];
+      y0[i] = a + b;
+    }
+  }
+}
+
+static void rotary_task(void* user, size_t task) {
+  RotaryJob* j = (RotaryJob*)user;
+  const RotaryKernel* k = j->k;
+  int64_t d = j->x.dims[3], L = j->length, s = k->start, h = L / 2;
+  int64_t S = j->x.dims[1], N = j->x.dims[2];
+  size_t xs = elem_size(j->x.type), cs = elem_size(j->cos.type);
+  float buf[6 * 1024];
+  float *g = buf, *c = buf + 1024, *n = buf + 2 * 1024, *m = buf + 3 * 1024, *y = buf + 4 * 1024, *t = buf + 5 * 1024;
+  int64_t first = (int64_t)task * j->rows_per_task, last = first + j->rows_per_task, table_row = -1;
+  if (last > j->rows) last = j->rows;
+  for (int64_t row = first; row < last; row++) {
+    int64_t b = row / (S * N), sidx = (row / N) % S, hd = row % N;
+    int64_t crow = ((j->cb == 1 ? 0 : b) * j->cs + (j->cs == 1 ? 0 : sidx)) * j->cn + (j->cn == 1 ? 0 : hd);
+    if (crow != table_row) { /* c and m = (grad ? sign * sin[partner] : -sign * sin), once per table row */
+      load_f32((const char*)j->cos.data + (size_t)crow * L * cs, j->cos.type, c, (size_t)L);
+      load_f32((const char*)j->sin.data + (size_t)crow * L * cs, j->cos.type, n, (size_t)L);
+      for (int64_t i = 0; i < L; i++) m[i] = k->grad ? j->sign[i] * n[j->partner[i]] : -j->sign[i] * n[i];
+      table_row = crow;
+    }
+    const char* src = (const char*)j->x.data + (size_t)row * d * xs;
+    char* dst = (char*)j->out.data + (size_t)row * d * xs;
+    if (dst != src) {
+      memcpy(dst, src, (size_t)s * xs);
+      memcpy(dst + (size_t)k->end * xs, src + (size_t)k->end * xs, (size_t)(d - k->end) * xs);
+    }
+    if (j->x.type == T_FLOAT && k->mode != 3 && dst != src) { /* float32: straight from x into the output */
+      rotary_row(k->mode, L, c, m, (const float*)(src + (size_t)s * xs), (float*)(dst + (size_t)s * xs));
+      continue;
+    }
+    load_f32(src + (size_t)s * xs, j->x.type, g, (size_t)L);
+    if (k->mode == 3 && !k->grad) { /* forward mode 3 reads the interleaved layout */
+      for (int64_t i = 0; i < h; i++) {
+        t[i] = g[2 * i];
+        t[h + i] = g[2 * i + 1];
+      }
+      rotary_row(0, L, c, m, t, y);
+    } else if (k->mode == 3) { /* grad mode 3 writes the interleaved layout */
+      rotary_row(0, L, c, m, g, t);
+      for (int64_t i = 0; i < h; i++) {
+        y[2 * i] = t[i];
+        y[2 * i + 1] = t[h + i];
+      }
+    } else {
+      rotary_row(k->mode, L, c, m, g, y);
+    }
+    store_f32(y, j->x.type, dst + (size_t)s * xs, (size_t)L);
+  }
+}
+
+OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
+  const RotaryKernel* k = (const RotaryKernel*)kernel;
+  const char* op = k->grad ? "InplacePartialRotaryMulGrad" : "InplacePartialRotaryMul";
+  RotaryJob j;
+  memset(&j, 0, sizeof j);
+  j.k = k;
+  int present;
+  OrtStatus* st = ort_input(ctx, 0, &j.x, &present);
+  if (!st) st = ort_input(ctx, 1, &j.cos, &present);
+  if (!st) st = ort_input(ctx, 2, &j.sin, &present);
+  if (st) return st;
+  g_calls++;
+  if (j.x.rank != 4 || j.cos.rank != 4 || j.sin.rank != 4)
+    return ort_error(op, "inputs must have rank 4, got %ld, %ld and %ld", (long)j.x.rank, (long)j.cos.rank, (long)j.sin.rank);
+  int64_t d = j.x.dims[3], start = k->has_slice ? k->start : 0, end = k->has_slice ? k->end : d;
+  if (start < 0 || start > end || end > d)
+    return ort_error(op, "partial_slice [%ld, %ld) is outside the last axis of size %ld", (long)start, (long)end, (long)d);
+  RotaryKernel effective = *k;
+  effective.start = start;
+  effective.end = end;
+  j.k = &effective;
+  j.length = end - start;
+  st = ort_output(ctx, 0, j.x.dims, 4, &j.out);
+  if (st) return st;
+  if (j.length == 0) {
+    if (j.out.data != j.x.data) memcpy(j.out.data, j.x.data, (size_t)j.x.size * elem_size(j.x.type));
+    return NULL;
+  }
+  for (int axis = 0; axis < 4; axis++)
+    if (j.cos.dims[axis] != j.sin.dims[axis])
+      return ort_error(op, "cos and sin differ in dim %ld: %ld vs %ld", axis, (long)j.cos.dims[axis], (long)j.sin.dims[axis]);
+  if (j.cos.dims[3] != j.length)
+    return ort_error(op, "cos dim 3 is %ld, expected the slice length %ld", (long)j.cos.dims[3], (long)j.length, 0);
+  for (int axis = 0; axis < 3; axis++)
+    if (j.cos.dims[axis] != 1 && j.cos.dims[axis] != j.x.dims[axis])
+      return ort_error(op, "cos dim %ld is %ld, expected 1 or %ld", axis, (long)j.cos.dims[axis], (long)j.x.dims[axis]);
+  int64_t unit = k->mode == 2 ? 4 : 2;
+  if (k->mode < 0 || k->mode > 3) return ort_error(op, "rotary_mode %ld is not one of 0, 1, 2, 3", (long)k->mode, 0, 0);
+  if (j.length % unit) return ort_error(op, "slice length %ld is not divisible by %ld", (long)j.length, (long)unit, 0);
+  if (j.length > 1024) return ort_error(op, "slice length %ld exceeds the native kernel's 1024", (long)j.length, 0, 0);
+  if (j.x.type != j.out.type) return ort_error(op, "output type %ld differs from input type %ld", j.out.type, j.x.type, 0);
+  int64_t L = j.length, h = L / 2, q = L / 4;
+  int partner[1024];
+  float sign[1024];
+  for (int64_t i = 0; i < L; i++) {
+    int64_t p, first;
+    if (k->mode == 1) {
+      p = i ^ 1;
+      first = (i % 2) == 0;
+    } else if (k->mode == 2) {
+      int64_t r = i % h;
+      p = i - r + (r + q) % h;
+      first = r < q;
+    } else {
+      p = (i + h) % L;
+      first = i < h;
+    }
+    partner[i] = (int)p;
+    sign[i] = first ? 1.0f : -1.0f;
+  }
+  j.partner = partner;
+  j.sign = sign;
+  j.cb = j.cos.dims[0];
+  j.cs = j.cos.dims[1];
+  j.cn = j.cos.dims[2];
+  j.rows = j.x.dims[0] * j.x.dims[1] * j.x.dims[2];
+  int64_t per_row = d > 0 ? d : 1;
+  j.rows_per_task = (1 << 16) / per_row + 1;
+  size_t tasks = (size_t)((j.rows + j.rows_per_task - 1) / j.rows_per_task);
+  if (tasks <= 1) {
+    if (tasks) rotary_task(&j, 0);
+    return NULL;
+  }
+  return FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, rotary_task, tasks, 0, &j);
+}
+
