@@ -40,6 +40,18 @@ class GraphBuilder:
         self._counts: dict[str, int] = {}
         self._built = False
 
+    @classmethod
+    def extend(cls, graph: Graph) -> GraphBuilder:
+        """A builder that adds to an existing graph: its inputs, constants, nodes and outputs stay, their
+        names stay taken, and ``build()`` verifies the whole graph again."""
+        builder = cls(graph.name)
+        builder._graph = graph
+        builder._names = {v.name for v in graph.values()}
+        builder._values = {id(v) for v in graph.values()}
+        builder._node_names = {n.name for n in graph.nodes}
+        graph.invalidate()
+        return builder
+
     # -- graph interface -----------------------------------------------------------------
     def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str]) -> Value:
         """Declare a graph input; dims are ints or symbol names bound when the graph runs."""
@@ -198,6 +210,7 @@ class GraphBuilder:
             out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
                          for s, t in zip(schema.outputs, out_types)]
         node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location)
+        node.inferred = (node.inference_key(types), tuple(out_types))   # the build's InferShapes reuses it
         self._graph.nodes.append(node)
         for value in node.outputs:
             if value is not None:

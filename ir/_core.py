@@ -45,6 +45,19 @@ class Value:
         """``(node, input_index)`` for every input slot that reads this value."""
         return tuple(self._uses)
 
+    def replace_all_uses_with(self, other: Value, graph: Graph | None = None) -> None:
+        """Make every node input that reads this value read ``other`` instead (and, with ``graph``, its
+        outputs: ``other`` takes this value's place and name among them)."""
+        if other is self:
+            return
+        for node, index in list(self._uses):
+            node.set_input(index, other)
+        if graph is not None:
+            for i, out in enumerate(graph.outputs):
+                if out is self:
+                    graph.outputs[i] = other
+            graph.invalidate()
+
     @property
     def dtype(self):
         return self.type.dtype
@@ -60,7 +73,7 @@ class Value:
 class Node:
     """One operator application. Inputs are an immutable tuple (None for absent optional inputs)."""
 
-    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location")
+    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location", "inferred")
 
     def __init__(
         self,
@@ -78,6 +91,8 @@ class Node:
         self.name = name
         self.attributes = dict(attributes)
         self.location = location
+        self.inferred: tuple[Any, tuple] | None = None
+        """(inference key, output types) of the last time this node's rules ran; see ``inference_key``."""
         self._inputs: tuple[Value | None, ...] = ()
         for i, value in enumerate(inputs):
             self._inputs += (value,)
@@ -99,6 +114,14 @@ class Node:
         if value is not None:
             value._uses.append((self, index))
         self._inputs = self._inputs[:index] + (value,) + self._inputs[index + 1 :]
+        self.inferred = None
+
+    def inference_key(self, input_types: Sequence[TensorType | None] | None = None) -> tuple:
+        """What a node's rules and inference depend on: its input types and attributes (constant
+        inputs are fixed for a node's life: replacing an input clears the cached result)."""
+        types = tuple(v.type if v is not None else None for v in self._inputs) if input_types is None else \
+            tuple(input_types)
+        return types, tuple(sorted((k, repr(v)) for k, v in self.attributes.items()))
 
     @property
     def schema(self) -> Any:
@@ -144,6 +167,57 @@ class Graph:
         self.nodes: list[Node] = []
         self.symbols = symbols if symbols is not None else SymbolTable()
         self.properties: set[str] = set()
+
+    # -- editing (onnx-ir style): every change clears what passes had guaranteed ---------------------
+    # (Node.set_input edits one node and cannot know its graph: call invalidate() after such edits.)
+    def invalidate(self) -> None:
+        """Forget the passes' guarantees (``verified``, ``typed``): the graph changed since they ran."""
+        self.properties.clear()
+
+    def append(self, node: Node) -> Node:
+        """Add ``node`` at the end of the node list."""
+        self._check_new(node)
+        self.nodes.append(node)
+        self.invalidate()
+        return node
+
+    def insert_before(self, anchor: Node, node: Node) -> Node:
+        """Add ``node`` just before ``anchor`` in the node list."""
+        self._check_new(node)
+        self.nodes.insert(self._position(anchor), node)
+        self.invalidate()
+        return node
+
+    def insert_after(self, anchor: Node, node: Node) -> Node:
+        """Add ``node`` just after ``anchor`` in the node list."""
+        self._check_new(node)
+        self.nodes.insert(self._position(anchor) + 1, node)
+        self.invalidate()
+        return node
+
+    def remove(self, node: Node) -> None:
+        """Take ``node`` out of the graph; GraphError while one of its outputs is still used."""
+        position = self._position(node)
+        outputs = {id(v) for v in self.outputs}
+        for value in node.outputs:
+            if value is not None and (value.uses or id(value) in outputs):
+                users = [f"'{n.name}'" for n, _ in value.uses] + (["the graph outputs"] if id(value) in outputs else [])
+                raise GraphError(f"graph '{self.name}': cannot remove {node.op_type} '{node.name}': its output "
+                                 f"'{value.name}' is used by {', '.join(users)}", node=node.name)
+        for i in range(len(node.inputs)):
+            node.set_input(i, None)
+        del self.nodes[position]
+        self.invalidate()
+
+    def _position(self, node: Node) -> int:
+        for i, n in enumerate(self.nodes):
+            if n is node:
+                return i
+        raise GraphError(f"graph '{self.name}': node '{node.name}' is not in this graph", node=node.name)
+
+    def _check_new(self, node: Node) -> None:
+        if any(n is node for n in self.nodes):
+            raise GraphError(f"graph '{self.name}': node '{node.name}' is already in this graph", node=node.name)
 
     def values(self) -> Iterator[Value]:
         """Every value of the graph: inputs, constants, then node outputs in node order."""

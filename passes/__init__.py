@@ -6,12 +6,13 @@ from ._infra import Pass, PassManager, PassResult
 from .check_target import CheckReport, CheckTarget, Violation
 from .dead_code import EliminateDeadCode, live_nodes
 from .infer_shapes import InferShapes, infer_node
-from .verify import VerifyGraph
+from .verify import FillDefaults, VerifyGraph
 
 __all__ = [
     "CheckReport",
     "CheckTarget",
     "EliminateDeadCode",
+    "FillDefaults",
     "InferShapes",
     "Pass",
     "PassManager",
@@ -25,5 +26,6 @@ __all__ = [
 
 
 def build_pipeline() -> PassManager:
-    """What ``GraphBuilder.build`` runs: structural verification, then inference and semantic rules."""
-    return PassManager([VerifyGraph(), InferShapes()])
+    """What ``GraphBuilder.build`` runs: attribute defaults, structural verification, then inference and
+    semantic rules."""
+    return PassManager([FillDefaults(), VerifyGraph(), InferShapes()])

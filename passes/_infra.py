@@ -20,12 +20,14 @@ class PassResult(NamedTuple):
 class Pass(ABC):
     """One transformation or analysis of a graph, in place.
 
-    ``requires``: graph properties that must hold before (set by earlier passes);
-    ``ensures``: properties that hold after the pass ran.
+    ``requires``: graph properties that must hold before (set by earlier passes); ``ensures``:
+    properties that hold on the graph the pass returns. A pass that modifies the graph keeps only
+    the properties listed in ``preserves`` (plus its own ``ensures``); the others are cleared.
     """
 
     requires: ClassVar[frozenset[str]] = frozenset()
     ensures: ClassVar[frozenset[str]] = frozenset()
+    preserves: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def call(self, graph: Graph) -> PassResult: ...
@@ -37,8 +39,12 @@ class Pass(ABC):
                 f"pass {type(self).__name__} requires {sorted(missing)} on graph '{graph.name}'; "
                 f"run the passes that ensure them first"
             )
+        before = set(graph.properties)
         result = self.call(graph)
-        graph.properties |= self.ensures
+        returned = result.graph
+        if result.modified:
+            returned.properties = (before & self.preserves) | (returned.properties & self.ensures)
+        returned.properties |= self.ensures
         return result
 
 

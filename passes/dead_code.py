@@ -25,6 +25,7 @@ class EliminateDeadCode(Pass):
     """Our ops have no side effects, so a node is dead when no graph output depends on it."""
 
     requires = frozenset({"verified"})
+    preserves = frozenset({"verified", "typed"})   # removing unused nodes keeps both true
 
     def call(self, graph: Graph) -> PassResult:
         live = live_nodes(graph)

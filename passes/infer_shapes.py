@@ -26,16 +26,23 @@ class InferShapes(Pass):
     """Recomputes every output type from its inputs; rejects a node whose semantic rules fail.
 
     A stored output type that disagrees with the inferred one is replaced (imported graphs);
-    an output slot that inference says must be absent but holds a value is an error.
+    an output slot that inference says must be absent but holds a value is an error. A node whose
+    input types and attributes are those its rules last ran on (``Node.inferred``) is not re-run.
     """
 
     requires = frozenset({"verified"})
     ensures = frozenset({"typed"})
+    preserves = frozenset({"verified"})   # only output types change
 
     def call(self, graph: Graph) -> PassResult:
         modified = False
         for node in graph.topological_order():
-            _, types = infer_node(node, graph.symbols, constants=graph.constants)
+            key = node.inference_key()
+            if node.inferred is not None and node.inferred[0] == key:
+                types = node.inferred[1]          # the rules already ran on exactly these inputs
+            else:
+                _, types = infer_node(node, graph.symbols, constants=graph.constants)
+                node.inferred = (key, tuple(types))
             for i, (value, inferred) in enumerate(zip(node.outputs, types)):
                 if value is None:
                     continue

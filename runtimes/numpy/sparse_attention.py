@@ -134,7 +134,7 @@ def _from_stats_layout(layout: str, stats: np.ndarray) -> np.ndarray:
 def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, actual_seq_lengths_query=None,
                            actual_seq_lengths_kv=None, query_rope=None, key_rope=None, sinks=None, *,
                            scale_value: float, sparse_block_size: int = 1, layout_query: str = "BSND",
-                           layout_kv: str = "BSND", sparse_mode: int = 3, pre_tokens: int = 0, next_tokens: int = 0,
+                           layout_kv: str = "BSND", sparse_mode: int = 3, pre_tokens: int = 2**63 - 1, next_tokens: int = 2**63 - 1,
                            attention_mode: int = 0, return_softmax_lse: bool = False):
     """Return ``(attention_out, softmax_max, softmax_sum)``; the stats are (0,) without return_softmax_lse."""
     layout = layout_query
@@ -230,7 +230,7 @@ class _DenseSpan:
 def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_max, softmax_sum, value=None,
                                 actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
                                 key_rope=None, *, scale_value: float, sparse_block_size: int = 1, layout: str = "BSND",
-                                sparse_mode: int = 3, pre_tokens: int = 0, next_tokens: int = 0,
+                                sparse_mode: int = 3, pre_tokens: int = 2**31 - 1, next_tokens: int = 2**31 - 1,
                                 deterministic: bool = False):
     """Return ``(d_query, d_key, d_value, d_query_rope, d_key_rope)``; absent outputs are None."""
     lengths = (actual_seq_lengths_query, actual_seq_lengths_kv) if layout == "TND" else (None, None)

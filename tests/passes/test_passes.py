@@ -113,3 +113,101 @@ def test_dead_code_elimination_keeps_what_outputs_need():
     assert modified and [n.name for n in g.nodes] == ["live"]
     assert x.uses == ((g.nodes[0], 0),)  # the dead nodes no longer count as uses
     assert not EliminateDeadCode()(g).modified
+
+
+# -- the graph-editing API and honest pass contracts ------------------------------------------------
+
+def _chain():
+    """x -> rotary grad 'first' -> rotary grad 'second' -> output."""
+    import geir
+
+    b = geir.GraphBuilder("chain")
+    x = b.input("x", "float32", (1, 1, 1, 4))
+    c = b.input("c", "float32", (1, 1, 1, 4))
+    first = b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 4], name="first")
+    second = b.InplacePartialRotaryMulGrad(first, c, c, rotary_mode=1, partial_slice=[0, 4], name="second")
+    b.output(second, "y")
+    return b.build(), x, c
+
+
+def test_replace_all_uses_remove_and_insert_edit_a_built_graph():
+    import numpy as np
+
+    import geir
+
+    g, x, c = _chain()
+    first, second = g.node("first"), g.node("second")
+    assert {"verified", "typed"} <= g.properties
+    first.outputs[0].replace_all_uses_with(x, g)       # bypass 'first'
+    assert second.inputs[0] is x and not first.outputs[0].uses
+    assert g.properties == set()                      # the editing call cleared the guarantees
+    g.remove(first)
+    assert [n.name for n in g.nodes] == ["second"]
+    with pytest.raises(GraphError, match=r"cannot remove InplacePartialRotaryMulGrad 'second': its output 'y' is "
+                                         r"used by the graph outputs"):
+        g.remove(second)
+    again = Node(ROPE_GRAD, [x, c, c], {"rotary_mode": 1, "partial_slice": (0, 4)}, [("z", x.type)], name="again")
+    g.insert_before(second, again)
+    second.set_input(0, again.outputs[0])
+    assert [n.name for n in g.nodes] == ["again", "second"]
+    with pytest.raises(GraphError, match="is already in this graph"):
+        g.append(again)
+    built, _ = geir.passes.build_pipeline()(g)
+    assert {"verified", "typed"} <= built.properties
+    feeds = {"x": np.array([[[[1, 2, 3, 4]]]], np.float32), "c": np.ones((1, 1, 1, 4), np.float32)}
+    np.testing.assert_array_equal(geir.run(built, feeds)["y"].reshape(-1), [4, -2, 8, -6])
+
+
+def test_a_modifying_pass_keeps_only_what_it_preserves():
+    from geir.passes import EliminateDeadCode, FillDefaults, InferShapes, Pass, PassResult
+
+    class Scramble(Pass):
+        """Pretends to change the graph and preserve nothing."""
+
+        def call(self, graph):
+            return PassResult(graph, True)
+
+    g, _, _ = _chain()
+    Scramble()(g)
+    assert g.properties == set()
+    g, _, _ = _chain()
+    EliminateDeadCode()(g)            # nothing dead: not modified, properties stay
+    assert {"verified", "typed"} <= g.properties
+    g.invalidate()
+    with pytest.raises(GraphError, match=r"pass InferShapes requires \['verified'\]"):
+        InferShapes()(g)
+    assert FillDefaults.preserves == {"verified", "typed"} and InferShapes.preserves == {"verified"}
+
+
+def test_each_rule_runs_once_per_build(monkeypatch):
+    import geir
+    from geir.schemas._schema import OpSchema
+
+    calls = []
+    original = OpSchema.infer_types
+    monkeypatch.setattr(OpSchema, "infer_types", lambda self, ctx: calls.append(ctx.node) or original(self, ctx))
+    _chain()
+    assert calls == ["first", "second"]
+    g, _, _ = _chain()
+    calls.clear()
+    geir.from_onnx(geir.to_onnx(g))
+    assert len(calls) == 4                                   # export's full_check once per node, import's build
+    assert calls[2:] == ["first", "second"]
+
+
+def test_a_builder_extends_a_built_graph():
+    import numpy as np
+
+    import geir
+
+    g, x, c = _chain()
+    b = geir.GraphBuilder.extend(g)
+    with pytest.raises(GraphError, match="name 'first' is already used"):
+        b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 4], name="first")
+    third = b.InplacePartialRotaryMulGrad(g.outputs[0], c, c, rotary_mode=1, partial_slice=[0, 4])
+    b.output(third, "z")
+    built = b.build()
+    assert built is g and [v.name for v in built.outputs] == ["y", "z"] and {"verified", "typed"} <= g.properties
+    feeds = {"x": np.array([[[[1, 2, 3, 4]]]], np.float32), "c": np.ones((1, 1, 1, 4), np.float32)}
+    out = geir.run(built, feeds)
+    np.testing.assert_array_equal(out["z"].reshape(-1), [2, -6, 2, -14])   # [4,-2,8,-6] rotated again
