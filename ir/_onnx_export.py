@@ -77,9 +77,9 @@ def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
 
 
 def _lowering_spec(node: Node, schema):
-    if node.op_type not in LOWERINGS:
+    if (node.domain, node.op_type) not in LOWERINGS:
         raise GraphError(f"{node.op_type} '{node.name}': no ONNX lowering is declared for this op", node=node.name)
-    _, structural = LOWERINGS[node.op_type]
+    _, structural = LOWERINGS[(node.domain, node.op_type)]
     present = frozenset(s.name for s, v in zip(schema.inputs, node.inputs) if s.optional and v is not None)
     return LoweringSpec(node.op_type, present, tuple((a, node.attributes[a]) for a in structural),
                         tuple(s.name for s in schema.inputs), tuple(s.name for s in schema.outputs))
@@ -94,7 +94,7 @@ def _describe_spec(spec) -> str:
 def _function(spec) -> FunctionProto:
     schema = get_schema(spec.op_type)
     body = Body()
-    LOWERINGS[spec.op_type][0](body, spec)
+    LOWERINGS[(schema.domain, schema.op_type)][0](body, spec)
     defaults = [attribute_to_onnx(a.name, a.kind.value, a.default) for a in schema.attributes if not a.required]
     required = [a.name for a in schema.attributes if a.required]
     return helper.make_function(CANN_DOMAIN, spec.op_type, list(spec.inputs), list(spec.outputs), body.nodes,

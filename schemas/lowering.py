@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._onnx_body import Body
+from ._schema import OpSchema
 
 __all__ = ["LOWERINGS", "LoweringSpec", "register_lowering"]
 
@@ -45,12 +46,16 @@ class LoweringSpec:
 
 
 Lowering = Callable[[Body, LoweringSpec], None]
-LOWERINGS: dict[str, tuple[Lowering, tuple[str, ...]]] = {}
+LOWERINGS: dict[tuple[str, str], tuple[Lowering, tuple[str, ...]]] = {}
+"""(domain, op type) of a schema -> (body writer, the attributes the body is specialised on)."""
 
 
-def register_lowering(op_type: str, structural_attributes: tuple[str, ...] = ()) -> Callable[[Lowering], Lowering]:
-    """Register the body writer of ``op_type``; ``structural_attributes`` change the body's shape."""
+def register_lowering(schema: OpSchema, structural_attributes: tuple[str, ...] = ()) -> Callable[[Lowering], Lowering]:
+    """Register the body writer of ``schema``; ``structural_attributes`` change the body's shape."""
     def decorate(fn: Lowering) -> Lowering:
-        LOWERINGS[op_type] = (fn, structural_attributes)
+        key = (schema.domain, schema.op_type)
+        if key in LOWERINGS:
+            raise ValueError(f"{schema.domain}::{schema.op_type} has two ONNX lowerings")
+        LOWERINGS[key] = (fn, structural_attributes)
         return fn
     return decorate

@@ -12,13 +12,14 @@ from onnx import TensorProto, helper
 
 from ._onnx_body import Body
 from .lowering import LoweringSpec, register_lowering
+from .moe import FORWARD, GRAD
 
 
 def _clamp(b: Body, idx: str, size: str) -> str:
     return b.op("Max", b.op("Min", idx, b.op("Sub", size, b.ints(1))), b.ints(0))
 
 
-@register_lowering("MoeTokenUnpermute")
+@register_lowering(FORWARD)
 def moe_forward(b: Body, spec: LoweringSpec) -> None:
     rows = b.dim("permuted_tokens", 0)
     slots = b.to_int64("sorted_indices")
@@ -39,7 +40,7 @@ def moe_forward(b: Body, spec: LoweringSpec) -> None:
     b.output("CastLike", "unpermuted_tokens", total, "permuted_tokens")
 
 
-@register_lowering("MoeTokenUnpermuteGrad")
+@register_lowering(GRAD)
 def moe_grad(b: Body, spec: LoweringSpec) -> None:
     grad = "unpermuted_tokens_grad"
     slots = b.dim("sorted_indices", 0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._onnx_body import Body
 from .lowering import LoweringSpec, register_lowering
+from .rotary import FORWARD, GRAD
 
 
 def _rotary_body(b: Body, x: str, out: str, is_grad: bool) -> None:
@@ -56,12 +57,12 @@ def _rotary_body(b: Body, x: str, out: str, is_grad: bool) -> None:
     b.output("Concat", out, prefix, b.op("CastLike", y, x), suffix, axis=3)
 
 
-@register_lowering("InplacePartialRotaryMul")
+@register_lowering(FORWARD)
 def rotary_forward(b: Body, spec: LoweringSpec) -> None:
     _rotary_body(b, "x", spec.out("x"), is_grad=False)
 
 
-@register_lowering("InplacePartialRotaryMulGrad")
+@register_lowering(GRAD)
 def rotary_grad(b: Body, spec: LoweringSpec) -> None:
     _rotary_body(b, "dy", spec.out("dy"), is_grad=True)
 

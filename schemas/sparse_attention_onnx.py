@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 from ._onnx_body import Body
 from .lowering import LoweringSpec, register_lowering
+from .sparse_attention import FORWARD, GRAD
 
 
 class _Rows:
@@ -147,7 +148,7 @@ def _stats_to_layout(b: Body, layout: str, stats: str, rows: _Rows) -> str:
     return b.op("Transpose", stats, perm=[1, 0, 2])
 
 
-@register_lowering("SparseFlashAttention", ("layout_query", "sparse_mode", "return_softmax_lse"))
+@register_lowering(FORWARD, ("layout_query", "sparse_mode", "return_softmax_lse"))
 def sfa_forward(b: Body, spec: LoweringSpec) -> None:
     layout = spec.attr("layout_query")
     rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False)
@@ -180,7 +181,7 @@ def sfa_forward(b: Body, spec: LoweringSpec) -> None:
             b.output("ConstantOfShape", name, b.ints(0), value=empty)
 
 
-@register_lowering("SparseFlashAttentionGrad", ("layout", "sparse_mode"))
+@register_lowering(GRAD, ("layout", "sparse_mode"))
 def sfa_grad(b: Body, spec: LoweringSpec) -> None:
     layout = spec.attr("layout")
     rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, True)

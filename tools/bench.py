@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import geir
+
 from ..ir.moe_indices import sorted_indices_from_expert_ids
-from ..runtimes import get_runtime
+from ..runtimes import get_runtime, runtime_names
 
 from ._table import format_table
 
@@ -66,7 +67,7 @@ def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], out
 
 def _runtimes(op: str, case: str, feeds, outputs, work: float, unit: str, name: str, **attrs) -> list[Measurement]:
     rows = []
-    for runtime in ("numpy", "onnxruntime"):
+    for runtime in runtime_names():
         executable = _compile(runtime, name, op, feeds, outputs, **attrs)
         rows.append(Measurement(op, case, f"geir {runtime}", lambda e=executable: e.run(feeds), work, unit))
     return rows

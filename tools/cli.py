@@ -6,13 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..runtimes import runtime_names
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="geir", description="Graph IR compiler and executor for CANN "
                                      "ops-transformer training operators.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the spec's graph-mode examples and compare with expected values")
-    demo.add_argument("--runtime", choices=("numpy", "onnxruntime"), default=None,
+    demo.add_argument("--runtime", choices=runtime_names(), default=None,
                       help="run on one runtime only (default: both, side by side)")
     bench = commands.add_parser("bench", help="benchmark every op on both runtimes against copy bandwidth, a matmul, "
                                  "plain NumPy and PyTorch eager")

@@ -15,6 +15,7 @@ import numpy as np
 
 import geir
 
+from ..runtimes import runtime_names
 from ._table import format_table
 
 ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
@@ -276,12 +277,11 @@ def all_cases() -> list[DemoCase]:
     return rotary_cases() + moe_cases() + sfa_cases()
 
 
-RUNTIMES = ("numpy", "onnxruntime")
 
 
 def run_demo(runtime: str | None = None) -> int:
     """Print the demo table (one error column per runtime); return the number of failed cases."""
-    runtimes = RUNTIMES if runtime is None else (runtime,)
+    runtimes = tuple(runtime_names()) if runtime is None else (runtime,)
     rows, failed = [], 0
     for case in all_cases():
         errors, ok = [], True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import moe, rotary, sparse_attention  # noqa: F401  (each module registers its kernels)
 from ._interpreter import NumpyExecutable, NumpyRuntime
 from ._kernels import KERNELS
 

@@ -13,7 +13,7 @@ from ...passes import live_nodes
 
 from .._checks import describe, is_symbolic, output_types_on, validate_node_data
 from .._feeds import validate_feeds
-from ._kernels import KERNELS
+from ._kernels import kernel_for
 from .standard import standard_kernel
 
 __all__ = ["NumpyExecutable", "NumpyRuntime"]
@@ -48,7 +48,7 @@ class NumpyExecutable:
         self.order: list[Node] = [n for n in graph.topological_order() if n in live]
         self.kernels = {}
         for node in self.order:
-            kernel = KERNELS.get((node.domain, node.op_type))
+            kernel = kernel_for(node.schema)
             if kernel is None and node.domain in ("", "ai.onnx"):
                 kernel = standard_kernel(node)
             if kernel is None:
@@ -110,7 +110,7 @@ class NumpyExecutable:
         """Whether this run owns ``array``: our kernel made it fresh, or it is the buffer we handed in."""
         if reused is not None and array is reused:
             return True
-        if (node.domain, node.op_type) not in KERNELS:
+        if kernel_for(node.schema) is None:
             return False
         return not any(a is not None and np.may_share_memory(array, a) for a in args)
 

@@ -1,25 +1,37 @@
-"""The NumPy kernel table: op type -> kernel function (plain arrays and attributes in, arrays out)."""
+"""The NumPy kernel registry: each kernel registers itself against the schema it implements.
+
+Kernels take the node's inputs positionally (None for absent ones) and its attributes by keyword;
+ops with an aliased output also take ``out=`` (a buffer the runtime owns, possibly the aliased input
+itself). They return one array or a tuple in output order.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
-from .moe import moe_token_unpermute, moe_token_unpermute_grad
-from .rotary import rotary_mul, rotary_mul_grad
-from .sparse_attention import sparse_flash_attention, sparse_flash_attention_grad
+from ...schemas import OpSchema
 
-__all__ = ["KERNELS"]
+__all__ = ["KERNELS", "Kernel", "kernel", "kernel_for"]
 
 Kernel = Callable[..., object]
+K = TypeVar("K", bound=Kernel)
 
-KERNELS: dict[tuple[str, str], Kernel] = {
-    ("ai.cann", "InplacePartialRotaryMul"): rotary_mul,
-    ("ai.cann", "InplacePartialRotaryMulGrad"): rotary_mul_grad,
-    ("ai.cann", "MoeTokenUnpermute"): moe_token_unpermute,
-    ("ai.cann", "MoeTokenUnpermuteGrad"): moe_token_unpermute_grad,
-    ("ai.cann", "SparseFlashAttention"): sparse_flash_attention,
-    ("ai.cann", "SparseFlashAttentionGrad"): sparse_flash_attention_grad,
-}
-"""Kernels take the node's inputs positionally (None for absent ones) and its attributes by
-keyword; ops with an aliased output also take ``out=`` (a buffer the runtime owns, possibly the
-aliased input itself). They return one array or a tuple in output order."""
+KERNELS: dict[tuple[str, str], Kernel] = {}
+"""(domain, op type) of a schema -> its NumPy kernel."""
+
+
+def kernel(schema: OpSchema) -> Callable[[K], K]:
+    """Register the decorated function as the NumPy kernel of ``schema``."""
+    def register(fn: K) -> K:
+        key = (schema.domain, schema.op_type)
+        if key in KERNELS:
+            raise ValueError(f"{schema.domain}::{schema.op_type} has two NumPy kernels")
+        KERNELS[key] = fn
+        return fn
+    return register
+
+
+def kernel_for(schema: OpSchema) -> Kernel | None:
+    """The NumPy kernel of ``schema``, or None (standard ops run on onnx.reference instead)."""
+    return KERNELS.get((schema.domain, schema.op_type))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...schemas import moe as schemas
+from ._kernels import kernel
 from ._parallel import parallel_for
 
 __all__ = ["moe_token_unpermute", "moe_token_unpermute_grad"]
@@ -31,6 +33,7 @@ def _token_blocks(tokens: int, per_token: int) -> list[slice]:
     return [slice(t, min(t + step, tokens)) for t in range(0, tokens, step)]
 
 
+@kernel(schemas.FORWARD)
 def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray, probs: np.ndarray | None = None,
                         *, padded_mode: bool = False, restore_shape=()) -> np.ndarray:
     """``out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]]``, summed in k order.
@@ -67,6 +70,7 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
     return out
 
 
+@kernel(schemas.GRAD)
 def moe_token_unpermute_grad(permuted_tokens: np.ndarray | None, unpermuted_tokens_grad: np.ndarray,
                              sorted_indices: np.ndarray, probs: np.ndarray | None = None, *,
                              padded_mode: bool = False, restore_shape=(1, 1)) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ...schemas import rotary as schemas
+from ._kernels import kernel
 from ._parallel import parallel_for
 
 __all__ = ["rotary_mul", "rotary_mul_grad"]
@@ -28,12 +30,14 @@ shapes; smaller blocks lose to per-call overhead and thread hand-offs."""
 _PAIR_KIND = {0: "half", 1: "interleave", 2: "quarter", 3: "half"}
 
 
+@kernel(schemas.FORWARD)
 def rotary_mul(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, rotary_mode: int = 0,
                partial_slice: Sequence[int] = (0, 0), out: np.ndarray | None = None) -> np.ndarray:
     """Forward rotary embedding of ``x[..., start:end]``; returns ``out`` (x may be passed as out)."""
     return _rotary(x, cos, sin, rotary_mode, partial_slice, out, grad=False)
 
 
+@kernel(schemas.GRAD)
 def rotary_mul_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, rotary_mode: int = 0,
                     partial_slice: Sequence[int] = (0, 0), out: np.ndarray | None = None) -> np.ndarray:
     """Gradient of the rotary embedding on ``dy[..., start:end]``; returns ``out`` (dy may be out)."""

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...schemas import sparse_attention as schemas
 from ...schemas.sparse_selection import QueryRows, candidate_grid, candidates, query_rows
 
+from ._kernels import kernel
 from ._parallel import parallel_for
 
 __all__ = ["sparse_flash_attention", "sparse_flash_attention_grad"]
@@ -131,6 +133,7 @@ def _from_stats_layout(layout: str, stats: np.ndarray) -> np.ndarray:
     return stats.transpose(1, 0, 2)
 
 
+@kernel(schemas.FORWARD)
 def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, actual_seq_lengths_query=None,
                            actual_seq_lengths_kv=None, query_rope=None, key_rope=None, sinks=None, *,
                            scale_value: float, sparse_block_size: int = 1, layout_query: str = "BSND",
@@ -227,6 +230,7 @@ class _DenseSpan:
         np.put(dense, cells, 0)
 
 
+@kernel(schemas.GRAD)
 def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_max, softmax_sum, value=None,
                                 actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
                                 key_rope=None, *, scale_value: float, sparse_block_size: int = 1, layout: str = "BSND",

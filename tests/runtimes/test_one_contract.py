@@ -8,9 +8,10 @@ import pytest
 
 import geir
 from geir import ExecutionError
+from geir.runtimes import runtime_names
 from helpers import ROPE_GRAD
 
-RUNTIMES = ["numpy", "onnxruntime"]
+RUNTIMES = runtime_names()
 
 
 def _dropout_then_rotary(source: str) -> tuple[geir.Graph, dict[str, np.ndarray]]:
