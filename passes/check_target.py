@@ -83,7 +83,7 @@ class CheckTarget(Pass):
             types = [v.type if v is not None else None for v in node.inputs]
             ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=graph.symbols,
                                location=node.location, target=self.target)
-            for rule in rules_for(node.op_type, self.target):
+            for rule in rules_for(node.schema, self.target):
                 finding = rule.check(ctx)
                 if finding is not None:
                     message = ctx.message(rule.rule, finding.subject, finding.expected, finding.got, finding.hint)

@@ -3,7 +3,7 @@
 Query rows are flattened (BSND ``b*S1 + s1``, TND ``t``) and processed in blocks. For a block,
 each (row, KV head) gathers a padded set of at most ``K * sparse_block_size`` candidate keys
 (never more than the keys that exist, ``candidate_grid``) with a
-validity mask (``schemas.sparse_selection``), so every product is a batched matmul over
+validity mask (``schemas.sparse_attention.selection``), so every product is a batched matmul over
 (rows, KV heads) with the G query heads of a group as matrix rows; masked scores are -inf
 and masked probabilities 0. The grad scatter-adds key/value contributions by sorting their
 target rows and summing runs (``np.add.reduceat``), not ``np.add.at``.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...schemas import sparse_attention as schemas
-from ...schemas.sparse_selection import QueryRows, candidate_grid, candidates, query_rows
+from ...schemas.sparse_attention.selection import QueryRows, candidate_grid, candidates, query_rows
 
 from ._kernels import kernel
 from ._parallel import parallel_for

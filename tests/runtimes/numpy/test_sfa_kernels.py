@@ -11,7 +11,7 @@ import geir
 from geir import ExecutionError
 from geir.runtimes.numpy import sparse_attention as kernels
 from geir.runtimes.numpy.sparse_attention import sparse_flash_attention, sparse_flash_attention_grad
-from geir.schemas.sparse_selection import candidates, query_rows
+from geir.schemas.sparse_attention.selection import candidates, query_rows
 from helpers import SFA, SFA_GRAD, sfa_graph
 from oracles.sfa import batches, forward_reference, grad_reference, select
 from oracles.numerics import assert_within_ulps_of_scale

@@ -7,11 +7,11 @@ of the last axis of a 4-D tensor ``X`` of shape (B, S, N, D); ``cos``/``sin`` ha
 
 from __future__ import annotations
 
-from ..ir._dtypes import DType
-from ..ir._types import BroadcastError, Dim, TensorType
+from ...ir._dtypes import DType
+from ...ir._types import BroadcastError, Dim, TensorType
 
-from ._registry import register
-from ._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
+from .._registry import register
+from .._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
 
 __all__ = ["FORWARD", "GRAD", "ROTARY_MODES", "rotary_slice"]
 

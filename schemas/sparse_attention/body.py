@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from ._onnx_body import Body
-from .lowering import LoweringSpec, register_lowering
-from .sparse_attention import FORWARD, GRAD
+from .._onnx_body import Body
+from ..lowering import LoweringSpec, register_lowering
+from .schema import FORWARD, GRAD
 
 
 class _Rows:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from ._onnx_body import Body
-from .lowering import LoweringSpec, register_lowering
-from .moe import FORWARD, GRAD
+from .._onnx_body import Body
+from ..lowering import LoweringSpec, register_lowering
+from .schema import FORWARD, GRAD
 
 
 def _clamp(b: Body, idx: str, size: str) -> str:

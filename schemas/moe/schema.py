@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir._dtypes import DType
-from ..ir._types import Dim
+from ...ir._dtypes import DType
+from ...ir._types import Dim
 
-from ._registry import register
-from ._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
+from .._registry import register
+from .._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
 
 __all__ = ["FORWARD", "GRAD", "validate_sorted_indices"]
 

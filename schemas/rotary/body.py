@@ -9,9 +9,9 @@ parts outside the slice are concatenated back untouched.
 
 from __future__ import annotations
 
-from ._onnx_body import Body
-from .lowering import LoweringSpec, register_lowering
-from .rotary import FORWARD, GRAD
+from .._onnx_body import Body
+from ..lowering import LoweringSpec, register_lowering
+from .schema import FORWARD, GRAD
 
 
 def _rotary_body(b: Body, x: str, out: str, is_grad: bool) -> None:

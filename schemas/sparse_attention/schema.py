@@ -12,12 +12,12 @@ import math
 
 import numpy as np
 
-from ..ir._dtypes import DType
-from ..ir._types import Dim, TensorType
+from ...ir._dtypes import DType
+from ...ir._types import Dim, TensorType
 
-from ._registry import register
-from ._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
-from .sparse_selection import query_rows
+from .._registry import register
+from .._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
+from .selection import query_rows
 
 __all__ = ["FORWARD", "GRAD", "INT64_MAX", "attention_layout", "head_group", "role_sizes"]
 

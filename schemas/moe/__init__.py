@@ -1,0 +1,12 @@
+"""The moe family (MoeTokenUnpermute and its gradient): everything about it that is not a runtime kernel.
+
+``schema``: the declarations and their rules; ``body``: the ONNX function bodies; ``targets``: the
+device restrictions.
+"""
+
+from __future__ import annotations
+
+from . import body, targets  # noqa: F401  (they register the lowerings and the target rows)
+from .schema import FORWARD, GRAD
+
+__all__ = ["FORWARD", "GRAD"]

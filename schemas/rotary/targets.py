@@ -1,0 +1,76 @@
+"""Device restrictions of the rotary ops (the contract's target table), registered as rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._schema import InferContext
+from ..targets import A2, A3, A5, TARGETS, Finding, TargetRule, register_target_rules
+from .schema import FORWARD, GRAD, EMPTY_GRAD_SLICE_HINT, rotary_slice
+
+
+# -- rotary (spec 2.3) -------------------------------------------------------------------
+
+
+def _slice_is_empty(ctx: InferContext) -> bool:
+    return rotary_slice(ctx)[2] == 0
+
+
+def _empty_grad_slice(ctx: InferContext) -> Finding | None:
+    if not _slice_is_empty(ctx):
+        return None
+    return Finding(ctx.attr_subject("partial_slice"), "a non-empty slice [start, end)", list(ctx.attr("partial_slice")),
+                   EMPTY_GRAD_SLICE_HINT)
+
+
+def _no_grad_kernel(ctx: InferContext) -> Finding:
+    return Finding("op", f"a target with a {GRAD.op_type} kernel ({A5})", ctx.target,
+                   "CANN ships this kernel for ascend950 only")
+
+
+def _mode_is_interleave(ctx: InferContext) -> Finding | None:
+    mode = ctx.attr("rotary_mode")
+    if mode == 1:
+        return None
+    return Finding(ctx.attr_subject("rotary_mode"), "1 (interleave: the only mode with a kernel)", mode,
+                   "the IR default 0 is rejected on every device")
+
+
+def _head_dim_limit(forward: bool) -> Callable[[InferContext], Finding | None]:
+    def check(ctx: InferContext) -> Finding | None:
+        d = ctx.input(0).shape[3]
+        if (forward and _slice_is_empty(ctx)) or not isinstance(d, int) or d <= 1024:
+            return None
+        return Finding(ctx.input_subject(0, 3), "D <= 1024", d)
+    return check
+
+
+def _head_dim_even(ctx: InferContext) -> Finding | None:
+    d = ctx.input(0).shape[3]
+    if _slice_is_empty(ctx) or not isinstance(d, int) or d % 2 == 0:
+        return None
+    return Finding(ctx.input_subject(0, 3), "an even D", d)
+
+
+def _cos_layout(ctx: InferContext) -> Finding | None:
+    if _slice_is_empty(ctx):
+        return None
+    x, cos = ctx.input(0).shape, ctx.input(1).shape
+    hint = "this device takes cos/sin of shape (B, 1, 1, L) or (B, S, 1, L)"
+    if ctx.equal(cos[0], x[0]) is False:
+        return Finding(ctx.input_subject(1, 0), f"{x[0]} (B, dim 0 of input 0 'x')", cos[0], hint)
+    if isinstance(cos[2], int) and cos[2] != 1:
+        return Finding(ctx.input_subject(1, 2), 1, cos[2], hint)
+    return None
+
+
+register_target_rules(
+    TargetRule("RP-T1", GRAD, frozenset({A2, A3}), _no_grad_kernel),
+    TargetRule("RP-W1", GRAD, frozenset(TARGETS), _empty_grad_slice, src="doc", warning=True),
+    TargetRule("RP-T2", FORWARD, frozenset({A2, A3, A5}), _mode_is_interleave),
+    TargetRule("RP-T2", GRAD, frozenset({A5}), _mode_is_interleave),
+    TargetRule("RP-T3", FORWARD, frozenset({A2, A3, A5}), _head_dim_limit(forward=True)),
+    TargetRule("RP-T3", GRAD, frozenset({A5}), _head_dim_limit(forward=False)),
+    TargetRule("RP-T4", FORWARD, frozenset({A2, A3, A5}), _head_dim_even),
+    TargetRule("RP-T5", FORWARD, frozenset({A2, A3}), _cos_layout),
+)

@@ -1,0 +1,122 @@
+"""Device restrictions of the sparse attention ops (the contract's target table), registered as rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._schema import InferContext
+from ..targets import A2, A3, A5, TARGETS, Finding, TargetRule, register_target_rules
+from .schema import FORWARD, GRAD, INT64_MAX, role_sizes
+
+
+# -- sparse flash attention (spec 4.4) ---------------------------------------------------------
+_N1_POW2 = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
+_N1_GRAD_950 = frozenset({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128})
+
+
+def _dim_subject(ctx: InferContext, role: str) -> str:
+    return f"{role} ({ctx.input_subject('query')} and related shapes)"
+
+
+def _in_set(role: str, allowed: frozenset[int] | range, text: str) -> Callable[[InferContext], Finding | None]:
+    def check(ctx: InferContext) -> Finding | None:
+        size = role_sizes(ctx).get(role)
+        if not isinstance(size, int) or size in allowed:
+            return None
+        return Finding(_dim_subject(ctx, role), f"{role} in {text}", size)
+    return check
+
+
+def _attention_mode(ctx: InferContext) -> Finding | None:
+    mode = ctx.attr("attention_mode")
+    return None if mode == 2 else Finding(ctx.attr_subject("attention_mode"), "2", mode,
+                                          "the IR default 0 is rejected on every device")
+
+
+def _rope_dim(required: bool) -> Callable[[InferContext], Finding | None]:
+    def check(ctx: InferContext) -> Finding | None:
+        rope = ctx.input("query_rope")
+        if rope is None:
+            return Finding(ctx.input_subject("query_rope"), "a rope tensor (Dr = 64)", "None") if required else None
+        dr = rope.shape[-1]
+        return None if not isinstance(dr, int) or dr == 64 else Finding(ctx.input_subject("query_rope", rope.rank - 1),
+                                                                        "Dr == 64", dr)
+    return check
+
+
+def _head_dims(ctx: InferContext) -> Finding | None:
+    sizes = role_sizes(ctx)
+    for role in ("D", "D2"):
+        if isinstance(sizes[role], int) and sizes[role] != 512:
+            return Finding(_dim_subject(ctx, role), f"{role} == 512", sizes[role])
+    return None
+
+
+def _block_size(allowed: frozenset[int], text: str) -> Callable[[InferContext], Finding | None]:
+    def check(ctx: InferContext) -> Finding | None:
+        bs = ctx.attr("sparse_block_size")
+        return None if bs in allowed else Finding(ctx.attr_subject("sparse_block_size"), text, bs)
+    return check
+
+
+def _unbounded_tokens(ctx: InferContext) -> Finding | None:
+    for attr in ("pre_tokens", "next_tokens"):
+        if ctx.attr(attr) != INT64_MAX:
+            return Finding(ctx.attr_subject(attr), f"{INT64_MAX} (INT64_MAX)", ctx.attr(attr))
+    return None
+
+
+def _no_sinks(ctx: InferContext) -> Finding | None:
+    return None if ctx.input("sinks") is None else Finding(ctx.input_subject("sinks"), "None", "a tensor",
+                                                           "sinks are unsupported on this device (docs)")
+
+
+def _value_present(ctx: InferContext) -> Finding | None:
+    return None if ctx.input("value") is not None else Finding(ctx.input_subject("value"), "a tensor", "None",
+                                                               "no KV merge on this device")
+
+
+def _grad_extents(ctx: InferContext) -> Finding | None:
+    sizes = role_sizes(ctx)
+    limits = [("B", 256)] + ([("S1", 131072), ("S2", 131072)] if "S1" in sizes else [])
+    for role, limit in limits:
+        if isinstance(sizes[role], int) and sizes[role] > limit:
+            return Finding(_dim_subject(ctx, role), f"{role} <= {limit}", sizes[role])
+    return None
+
+
+def _selection_memory(ctx: InferContext) -> Finding | None:
+    k, bs = role_sizes(ctx)["K"], ctx.attr("sparse_block_size")
+    if isinstance(k, int) and k * bs > 100000:
+        return Finding(ctx.input_subject("sparse_indices", ctx.input("sparse_indices").rank - 1),
+                       "K * sparse_block_size <= 100000", f"{k} * {bs} = {k * bs}", "large device memory use")
+    return None
+
+
+register_target_rules(
+    TargetRule("SF-T1", FORWARD, frozenset(TARGETS), _attention_mode),
+    TargetRule("SF-T2", FORWARD, frozenset(TARGETS), _rope_dim(required=True)),
+    TargetRule("SA-T3", FORWARD, frozenset(TARGETS), _in_set("N2", frozenset({1}), "{1}")),
+    TargetRule("SA-T3", GRAD, frozenset(TARGETS), _in_set("N2", frozenset({1}), "{1}")),
+    TargetRule("SA-T4", FORWARD, frozenset({A2, A3}), _in_set("N1", _N1_POW2, "{1, 2, 4, ..., 128}")),
+    TargetRule("SA-T4", FORWARD, frozenset({A5}), _in_set("N1", range(1, 129), "1..128")),
+    TargetRule("SA-T4", GRAD, frozenset({A2, A3}), _in_set("N1", _N1_POW2, "{1, 2, 4, ..., 128}")),
+    TargetRule("SA-T4", GRAD, frozenset({A5}), _in_set("N1", _N1_GRAD_950, "{" + ", ".join(
+        map(str, sorted(_N1_GRAD_950))) + "}")),
+    TargetRule("SA-T5", FORWARD, frozenset(TARGETS), _head_dims),
+    TargetRule("SA-T5", GRAD, frozenset(TARGETS), _head_dims, src="doc"),
+    TargetRule("SG-T6", GRAD, frozenset(TARGETS), _rope_dim(required=False), src="doc"),
+    TargetRule("SA-T7", FORWARD, frozenset({A2, A3}), _block_size(frozenset(1 << i for i in range(8)),
+                                                              "a power of 2 in [1, 128]")),
+    TargetRule("SA-T7", FORWARD, frozenset({A5}), _block_size(frozenset({1}), "1")),
+    TargetRule("SA-T7", GRAD, frozenset({A2, A3}), _block_size(frozenset({1, 8, 16, 32, 64}),
+                                                                   "one of {1, 8, 16, 32, 64}"), src="doc"),
+    TargetRule("SA-T7", GRAD, frozenset({A5}), _block_size(frozenset({1}), "1")),
+    TargetRule("SG-T8", GRAD, frozenset(TARGETS), _in_set("K", frozenset(range(1024, 8193, 1024)),
+                                                              "{1024, 2048, ..., 8192}"), src="doc"),
+    TargetRule("SF-T9", FORWARD, frozenset(TARGETS), _unbounded_tokens),
+    TargetRule("SF-T10", FORWARD, frozenset({A2, A3}), _no_sinks, src="doc"),
+    TargetRule("SG-T11", GRAD, frozenset({A5}), _value_present),
+    TargetRule("SG-T12", GRAD, frozenset(TARGETS), _grad_extents, src="doc"),
+    TargetRule("SG-W2", GRAD, frozenset(TARGETS), _selection_memory, src="doc", warning=True),
+)
