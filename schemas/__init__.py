@@ -6,9 +6,13 @@ from __future__ import annotations
 from ._onnx_body import OPSET
 from ._registry import all_schemas, get_schema, register
 from ._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
-from . import moe, rotary, sparse_attention  # noqa: E402,F401  (each family registers its ops, bodies, rules)
+from ._registry import import_families
+
+FAMILIES = import_families(__name__, __path__, packages_only=True)
+"""The op-family folders found here (each registers its ops, bodies and device rows when imported)."""
 
 __all__ = [
+    "FAMILIES",
     "OPSET",
     "REQUIRED",
     "AttrKind",

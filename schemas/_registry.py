@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..ir._core import set_schema_resolver
 from ..ir._errors import GraphError
 
@@ -42,6 +45,17 @@ def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, o
             rule="SCH-1",
             node=node,
         ) from None
+
+
+def import_families(package: str, path: list[str], packages_only: bool = False) -> tuple[str, ...]:
+    """Import every public module (or, with ``packages_only``, subpackage) of ``package`` in name order,
+    so that it registers what it declares; return their names. A new op family is a new folder (and
+    a new kernel file): nothing else lists it."""
+    names = sorted(m.name for m in pkgutil.iter_modules(path)
+                   if not m.name.startswith("_") and (m.ispkg or not packages_only))
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return tuple(names)
 
 
 def all_schemas() -> list[OpSchema]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from . import moe, rotary, sparse_attention  # noqa: F401  (each module registers its kernels)
+from ...schemas._registry import import_families
 from ._interpreter import NumpyExecutable, NumpyRuntime
 from ._kernels import KERNELS
 
-__all__ = ["KERNELS", "NumpyExecutable", "NumpyRuntime"]
+KERNEL_MODULES = import_families(__name__, __path__)
+"""The kernel modules found here, one per op family (each registers its kernels with @kernel)."""
+
+__all__ = ["KERNELS", "KERNEL_MODULES", "NumpyExecutable", "NumpyRuntime"]

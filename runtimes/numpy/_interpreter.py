@@ -14,7 +14,7 @@ from ...passes import live_nodes
 from .._checks import describe, is_symbolic, output_types_on, validate_node_data
 from .._feeds import validate_feeds
 from ._kernels import kernel_for
-from .standard import standard_kernel
+from ._standard import standard_kernel
 
 __all__ = ["NumpyExecutable", "NumpyRuntime"]
 
