@@ -30,16 +30,21 @@ shapes; smaller blocks lose to per-call overhead and thread hand-offs."""
 _PAIR_KIND = {0: "half", 1: "interleave", 2: "quarter", 3: "half"}
 
 
+_MODE = schemas.FORWARD.attribute("rotary_mode").default       # defaults come from the declarations
+_SLICE = schemas.FORWARD.attribute("partial_slice").default
+_GRAD_SLICE = schemas.GRAD.attribute("partial_slice").default
+
+
 @kernel(schemas.FORWARD)
-def rotary_mul(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, rotary_mode: int = 0,
-               partial_slice: Sequence[int] = (0, 0), out: np.ndarray | None = None) -> np.ndarray:
+def rotary_mul(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, rotary_mode: int = _MODE,
+               partial_slice: Sequence[int] = _SLICE, out: np.ndarray | None = None) -> np.ndarray:
     """Forward rotary embedding of ``x[..., start:end]``; returns ``out`` (x may be passed as out)."""
     return _rotary(x, cos, sin, rotary_mode, partial_slice, out, grad=False)
 
 
 @kernel(schemas.GRAD)
-def rotary_mul_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, rotary_mode: int = 0,
-                    partial_slice: Sequence[int] = (0, 0), out: np.ndarray | None = None) -> np.ndarray:
+def rotary_mul_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, rotary_mode: int = _MODE,
+                    partial_slice: Sequence[int] = _GRAD_SLICE, out: np.ndarray | None = None) -> np.ndarray:
     """Gradient of the rotary embedding on ``dy[..., start:end]``; returns ``out`` (dy may be out)."""
     return _rotary(dy, cos, sin, rotary_mode, partial_slice, out, grad=True)
 
@@ -85,7 +90,7 @@ def _row_blocks(batch: int, seq: int, rows: int) -> Iterator[tuple[slice, slice]
 
 def _rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int, partial_slice: Sequence[int],
             out: np.ndarray | None, *, grad: bool) -> np.ndarray:
-    start, end = tuple(partial_slice) if len(partial_slice) else (0, x.shape[-1])
+    start, end = schemas.slice_bounds(partial_slice, x.shape[-1])
     in_place = out is x
     if out is None:
         out = np.empty_like(x)

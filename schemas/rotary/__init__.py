@@ -7,6 +7,6 @@ device restrictions.
 from __future__ import annotations
 
 from . import body, targets  # noqa: F401  (they register the lowerings and the target rows)
-from .schema import EMPTY_GRAD_SLICE_HINT, FORWARD, GRAD, ROTARY_MODES, rotary_slice
+from .schema import EMPTY_GRAD_SLICE_HINT, FORWARD, GRAD, ROTARY_MODES, rotary_slice, slice_bounds
 
-__all__ = ["EMPTY_GRAD_SLICE_HINT", "FORWARD", "GRAD", "ROTARY_MODES", "rotary_slice"]
+__all__ = ["EMPTY_GRAD_SLICE_HINT", "FORWARD", "GRAD", "ROTARY_MODES", "rotary_slice", "slice_bounds"]

@@ -7,6 +7,8 @@ of the last axis of a 4-D tensor ``X`` of shape (B, S, N, D); ``cos``/``sin`` ha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ...ir._dtypes import DType
 from ...ir._types import BroadcastError, Dim, TensorType
 
@@ -22,9 +24,21 @@ EMPTY_GRAD_SLICE_HINT = ("an empty slice (the default [0, 0]) makes the grad the
                          "partial_slice; CANN's code returns dy unchanged, its docs call an empty slice unsupported")
 
 
+def slice_bounds(partial_slice: Sequence[int], d: Dim) -> tuple[int, Dim]:
+    """``(start, end)`` of the rotated slice of a last axis of size ``d``: ``[]`` means ``[0, D]``.
+
+    The one statement of the attribute's meaning: the rules, the NumPy kernels and the ONNX body
+    (which writes the same with Concat/Slice, tested against this) all follow it.
+    """
+    if len(partial_slice) == 0:
+        return 0, d
+    start, end = partial_slice
+    return int(start), int(end)
+
+
 def rotary_slice(ctx: InferContext) -> tuple[int, Dim, Dim]:
-    """``(start, end, length)`` of the rotated slice; forward ``[]`` means ``[0, D]``."""
-    start, end = ctx.attr("partial_slice") or (0, ctx.input(0).shape[3])
+    """``(start, end, length)`` of the rotated slice of the node in ``ctx``."""
+    start, end = slice_bounds(ctx.attr("partial_slice"), ctx.input(0).shape[3])
     length: Dim = end - start if isinstance(end, int) else end
     return start, end, length
 

@@ -153,3 +153,23 @@ def test_undecidable_rules_are_deferred_not_failed():
     g = rotary_graph(ROPE, ("B", "S", 8, "D"), (1, 1, 1, "D"), partial_slice=[])
     ctx, _ = infer_node(g.nodes[0], g.symbols)
     assert {"RP-S7", "RP-S9"} <= set(ctx.deferred)
+
+
+def test_an_empty_forward_slice_means_the_whole_axis_everywhere():
+    """slice_bounds is the statement; the NumPy kernel, the ONNX body (onnx.reference and ORT) follow it."""
+    import numpy as np
+
+    from geir.schemas.rotary import slice_bounds
+    from oracles.onnx_runners import run_reference
+
+    assert slice_bounds((), 8) == (0, 8) and slice_bounds((2, 6), 8) == (2, 6)
+    whole = rotary_graph(ROPE, (1, 2, 2, 8), (1, 2, 1, 8), rotary_mode=1, partial_slice=[])
+    explicit = rotary_graph(ROPE, (1, 2, 2, 8), (1, 2, 1, 8), rotary_mode=1, partial_slice=[0, 8])
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((1, 2, 2, 8)).astype(np.float32),
+             "cos": rng.uniform(-1, 1, (1, 2, 1, 8)).astype(np.float32),
+             "sin": rng.uniform(-1, 1, (1, 2, 1, 8)).astype(np.float32)}
+    want = geir.run(explicit, feeds)["y"]
+    for got in (geir.run(whole, feeds)["y"], geir.run(whole, feeds, runtime="onnxruntime")["y"],
+                run_reference(geir.to_onnx(whole), feeds)["y"]):
+        np.testing.assert_array_equal(got, want)
