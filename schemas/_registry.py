@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TypeVar
 
 from ..ir._core import set_schema_resolver
 from ..ir._errors import GraphError
 
 from ._schema import OpSchema
 
+T = TypeVar("T")
+
 __all__ = ["all_schemas", "get_schema", "register"]
 
 _SCHEMAS: dict[tuple[str, str], OpSchema] = {}
 
 
+def register_for(table: dict[tuple[str, str], T], schema: OpSchema, entry: T, what: str) -> T:
+    """``table[(domain, op type)] = entry``: every registry (schemas, kernels, lowerings) is keyed so,
+    and each op has at most one ``what``."""
+    key = (schema.domain, schema.op_type)
+    if key in table:
+        raise ValueError(f"op {schema.domain}::{schema.op_type} has two {what}")
+    table[key] = entry
+    return entry
+
+
 def register(schema: OpSchema) -> OpSchema:
     """Add a schema; an op type may be declared only once per domain."""
-    key = (schema.domain, schema.op_type)
-    if key in _SCHEMAS:
-        raise ValueError(f"op {schema.domain}::{schema.op_type} is declared twice")
-    _SCHEMAS[key] = schema
-    return schema
+    return register_for(_SCHEMAS, schema, schema, "declarations")
 
 
 def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None) -> OpSchema:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._onnx_body import Body
+from ._registry import register_for
 from ._schema import OpSchema
 
 __all__ = ["LOWERINGS", "LoweringSpec", "register_lowering"]
@@ -53,9 +54,6 @@ LOWERINGS: dict[tuple[str, str], tuple[Lowering, tuple[str, ...]]] = {}
 def register_lowering(schema: OpSchema, structural_attributes: tuple[str, ...] = ()) -> Callable[[Lowering], Lowering]:
     """Register the body writer of ``schema``; ``structural_attributes`` change the body's shape."""
     def decorate(fn: Lowering) -> Lowering:
-        key = (schema.domain, schema.op_type)
-        if key in LOWERINGS:
-            raise ValueError(f"{schema.domain}::{schema.op_type} has two ONNX lowerings")
-        LOWERINGS[key] = (fn, structural_attributes)
+        register_for(LOWERINGS, schema, (fn, structural_attributes), "ONNX lowerings")
         return fn
     return decorate

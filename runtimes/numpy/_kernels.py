@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ...schemas import OpSchema
+from ...schemas._registry import register_for
 
 __all__ = ["KERNELS", "Kernel", "kernel", "kernel_for"]
 
@@ -24,10 +25,7 @@ KERNELS: dict[tuple[str, str], Kernel] = {}
 def kernel(schema: OpSchema) -> Callable[[K], K]:
     """Register the decorated function as the NumPy kernel of ``schema``."""
     def register(fn: K) -> K:
-        key = (schema.domain, schema.op_type)
-        if key in KERNELS:
-            raise ValueError(f"{schema.domain}::{schema.op_type} has two NumPy kernels")
-        KERNELS[key] = fn
+        register_for(KERNELS, schema, fn, "NumPy kernels")
         return fn
     return register
 
