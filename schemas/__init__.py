@@ -3,6 +3,7 @@ registering its schemas, ONNX bodies and device restrictions; plus the schema ma
 
 from __future__ import annotations
 
+from ._examples import Example, all_examples
 from ._onnx_body import OPSET
 from ._registry import all_schemas, get_schema, register
 from ._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
@@ -12,6 +13,7 @@ FAMILIES = import_families(__name__, __path__, packages_only=True)
 """The op-family folders found here (each registers its ops, bodies and device rows when imported)."""
 
 __all__ = [
+    "Example",
     "FAMILIES",
     "OPSET",
     "REQUIRED",
@@ -22,6 +24,7 @@ __all__ = [
     "InputSpec",
     "OpSchema",
     "OutputSpec",
+    "all_examples",
     "all_schemas",
     "get_schema",
     "register",

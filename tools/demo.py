@@ -10,12 +10,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 import geir
 
 from ..runtimes import runtime_names
+from ..schemas import Example, all_examples, moe, rotary
 from ._table import format_table
 
 ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
@@ -75,18 +77,6 @@ def _onnx_round_trip(graph: geir.Graph, feeds: dict[str, np.ndarray], results: d
     return "same" if same else "DIFFERENT"
 
 
-def _rotary_graph(op: str, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, dtype: str, cos_dtype: str,
-                  **attrs: object) -> Callable[[], tuple[geir.Graph, dict[str, np.ndarray]]]:
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
-        b = geir.GraphBuilder(op.lower())
-        feeds = {"x": x.astype(geir.as_dtype(dtype).numpy), "cos": cos.astype(geir.as_dtype(cos_dtype).numpy),
-                 "sin": sin.astype(geir.as_dtype(cos_dtype).numpy)}
-        values = [b.input(name, arr.dtype, arr.shape) for name, arr in feeds.items()]
-        b.output(getattr(b, op)(*values, **attrs), "y")
-        return b.build(), feeds
-    return build
-
-
 def _roundtrip_graph(dtype: str) -> Callable[[], tuple[geir.Graph, dict[str, np.ndarray]]]:
     """Forward then grad in one graph: with pair-duplicated tables on the unit circle, grad(fwd(x)) == x."""
     def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
@@ -106,45 +96,46 @@ def _roundtrip_graph(dtype: str) -> Callable[[], tuple[geir.Graph, dict[str, np.
     return build
 
 
+def _output_name(schema, index: int) -> str:
+    """Graph output name of a schema output: its own, unless an input has it (in-place ops)."""
+    name = schema.outputs[index].name
+    return f"{name}_out" if name in {s.name for s in schema.inputs} else name
+
+
+def _example_graph(example: Example, dtype: str) -> Builder:
+    """One node of the example's op on its inputs, cast as the example says for a run of ``dtype``."""
+    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+        schema = example.schema
+        b = geir.GraphBuilder(schema.op_type.lower())
+        feeds = {name: np.asarray(array).astype(geir.as_dtype(example.input_dtype(name, dtype)).numpy)
+                 for name, array in example.inputs.items()}
+        values = {name: b.input(name, array.dtype, array.shape) for name, array in feeds.items()}
+        results = b.add_node(schema, [values.get(s.name) for s in schema.inputs], dict(example.attributes))
+        for i, value in enumerate(results if isinstance(results, tuple) else (results,)):
+            if value is not None:
+                b.output(value, _output_name(schema, i))
+        return b.build(), feeds
+    return build
+
+
+def example_cases(family: ModuleType) -> list[DemoCase]:
+    """The worked examples a family declares (``schemas/<family>/examples.py``), once per dtype."""
+    cases = []
+    for example in all_examples():
+        if example.schema not in (family.FORWARD, family.GRAD):
+            continue
+        schema = example.schema
+        index = {s.name: i for i, s in enumerate(schema.outputs)}
+        expected = {_output_name(schema, index[name]): np.asarray(value, np.float64)
+                    for name, value in example.expected.items()}
+        for dtype in example.dtypes:
+            cases.append(DemoCase(example.name, schema.op_type, dtype, _example_graph(example, dtype), expected,
+                                  expected_warning=example.warning))
+    return cases
+
+
 def rotary_cases() -> list[DemoCase]:
-    cases: list[DemoCase] = []
-    ones = np.ones((1, 1, 1, 128))
-    cases.append(DemoCase("GE IR example (E3)", ROPE_GRAD, "float32",
-                          _rotary_graph(ROPE_GRAD, 2 * ones, ones, 0 * ones, "float32", "float32",
-                                        rotary_mode=1, partial_slice=[0, 128]), 2 * ones))
-    dy = np.tile(np.arange(1.0, 9.0), (2, 2, 2, 1))
-    cos = np.tile([0.5, 0.6, 0.7, 0.8], (1, 2, 1, 1))
-    sin = np.tile([0.1, 0.2, 0.3, 0.4], (1, 2, 1, 1))
-    e1 = {  # spec 2.5 E1: mode -> (grad row, forward row)
-        0: ([1, 2, 3, 4.8, 3.2, 4, 7, 8], [1, 2, 1, 1.2, 4.4, 6.4, 7, 8]),
-        1: ([1, 2, 2.3, 2.1, 5.9, 3.3, 7, 8], [1, 2, 1.1, 3, 1.7, 6.8, 7, 8]),
-        2: ([1, 2, 2.3, 2.1, 5.9, 3.3, 7, 8], [1, 2, 1.1, 3, 1.7, 6.8, 7, 8]),
-        3: ([1, 2, 3, 3.2, 4.8, 4, 7, 8], [1, 2, 1.1, 1.8, 3.7, 6.8, 7, 8]),
-    }
-    for mode, (grad_row, fwd_row) in e1.items():
-        for op, row in ((ROPE_GRAD, grad_row), (ROPE, fwd_row)):
-            label = "CANN example (2,2,2,8)" if mode == 1 and op == ROPE_GRAD else "E1 (2,2,2,8)"
-            cases.append(DemoCase(f"{label} mode {mode}", op, "float32",
-                                  _rotary_graph(op, dy, cos, sin, "float32", "float32", rotary_mode=mode,
-                                                partial_slice=[2, 6]), np.tile(row, (2, 2, 2, 1))))
-    x = np.arange(1.0, 9.0).reshape(1, 1, 1, 8)
-    c = np.arange(1, 9).reshape(1, 1, 1, 8) / 10
-    s = c[..., ::-1].copy()
-    e2 = {  # spec 2.5 E2
-        0: ([2.1, 2.2, 2.3, 2.4, 1.7, 2.2, 3.1, 4.4], [-3.9, -3.8, -3.3, -2.4, 2.9, 4.2, 5.5, 6.8]),
-        1: ([1.5, -0.4, 2.9, -0.2, 4.3, 1.6, 5.7, 5.0], [-1.5, 1.1, -1.5, 3.1, 0.1, 5.1, 3.3, 7.1]),
-        2: ([1.9, 2.4, 0.1, 0.2, 3.9, 4.4, 2.9, 4.6], [-2.3, -2.4, 1.5, 2.6, -0.3, 1.2, 5.9, 7.0]),
-        3: ([2.1, 1.7, 2.2, 2.2, 2.3, 3.1, 2.4, 4.4], [-1.5, -2.2, -2.1, -1.2, 1.4, 3.3, 5.2, 7.1]),
-    }
-    for mode, (grad_row, fwd_row) in e2.items():
-        for dtype in ("float32", "float16", "bfloat16"):
-            for op, row in ((ROPE_GRAD, grad_row), (ROPE, fwd_row)):
-                cases.append(DemoCase(f"E2 mode {mode}", op, dtype,
-                                      _rotary_graph(op, x, c, s, dtype, dtype, rotary_mode=mode,
-                                                    partial_slice=[0, 8]), np.reshape(row, (1, 1, 1, 8))))
-    cases.append(DemoCase("E4 default attributes (identity)", ROPE_GRAD, "float16",
-                          _rotary_graph(ROPE_GRAD, dy, cos, sin, "float16", "float16"), dy,
-                          expected_warning="RP-W1"))
+    cases = example_cases(rotary)
     for dtype in ("float32", "bfloat16"):
         build = _roundtrip_graph(dtype)
         cases.append(DemoCase("forward -> grad in one graph", f"{ROPE} + Grad", dtype, build,
@@ -152,68 +143,8 @@ def rotary_cases() -> list[DemoCase]:
     return cases
 
 
-def _moe_graph(with_probs: bool, dtype: str, probs_dtype: str, tokens: np.ndarray, indices: list[int],
-               probs: np.ndarray | None) -> Builder:
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
-        b = geir.GraphBuilder("moe_unpermute")
-        feeds = {"tokens": tokens.astype(geir.as_dtype(dtype).numpy), "indices": np.array(indices, np.int32)}
-        if with_probs:
-            feeds["probs"] = probs.astype(geir.as_dtype(probs_dtype).numpy)
-        values = [b.input(k, v.dtype, v.shape) for k, v in feeds.items()]
-        b.output(b.MoeTokenUnpermute(*values), "y")
-        return b.build(), feeds
-    return build
-
-
-def _moe_grad_graph(dtype: str, probs_dtype: str, tokens: np.ndarray | None, grad: np.ndarray, indices: list[int],
-                    probs: np.ndarray | None) -> Builder:
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
-        b = geir.GraphBuilder("moe_unpermute_grad")
-        np_dt = geir.as_dtype(dtype).numpy
-        feeds = {"grad": grad.astype(np_dt), "indices": np.array(indices, np.int32)}
-        t = b.input("tokens", np_dt, tokens.shape) if tokens is not None else None
-        g = b.input("grad", np_dt, grad.shape)
-        s = b.input("indices", "int32", (len(indices),))
-        p = b.input("probs", probs_dtype, probs.shape) if probs is not None else None
-        if tokens is not None:
-            feeds["tokens"] = tokens.astype(np_dt)
-        if probs is not None:
-            feeds["probs"] = probs.astype(geir.as_dtype(probs_dtype).numpy)
-        ptg, pg = b.MoeTokenUnpermuteGrad(t, g, s, p)
-        b.output(ptg, "permuted_tokens_grad")
-        b.output(pg, "probs_grad")
-        return b.build(), feeds
-    return build
-
-
 def moe_cases() -> list[DemoCase]:
-    grad_op, fwd_op = "MoeTokenUnpermuteGrad", "MoeTokenUnpermute"
-    ones = np.ones
-    cases = [DemoCase("CANN doc example (E1)", grad_op, "float32",
-                      _moe_grad_graph("float32", "float32", ones((3, 2)), ones((1, 2)), [0, 1, 2], ones((1, 3))),
-                      {"permuted_tokens_grad": ones((3, 2)), "probs_grad": np.array([[2.0, 2.0, 2.0]])})]
-    rows = np.arange(1.0, 13.0).reshape(4, 3)
-    probs = np.array([[0.5, 0.25], [1.0, 2.0]])
-    grad = np.array([[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]])
-    for dtype in ("float32", "float16", "bfloat16"):
-        probs_dtype = "float32" if dtype == "bfloat16" else dtype
-        cases.append(DemoCase("E2 with probs", fwd_op, dtype, _moe_graph(True, dtype, probs_dtype, rows, [2, 0, 3, 1], probs),
-                              np.array([[3.75, 4.5, 5.25], [18.0, 21.0, 24.0]])))
-        cases.append(DemoCase("E2 with probs", grad_op, dtype,
-                              _moe_grad_graph(dtype, probs_dtype, rows, grad, [2, 0, 3, 1], probs),
-                              {"permuted_tokens_grad": np.array([[0.25, 0, -0.25], [4, 2, 0], [0.5, 0, -0.5], [2, 1, 0]]),
-                               "probs_grad": np.array([[-2.0, -2.0], [31.0, 13.0]])}))
-        constant = np.repeat(np.array([1.0, 0, 0, 3, 2, 1, 2, 3])[:, None], 3, axis=1)
-        cases.append(DemoCase("MindSpore example, no probs (E3)", fwd_op, dtype,
-                              _moe_graph(False, dtype, dtype, constant, [0, 6, 7, 5, 3, 1, 2, 4], None),
-                              np.repeat(np.array([1.0, 2, 3, 1, 3, 0, 0, 2])[:, None], 3, axis=1)))
-        cases.append(DemoCase("no probs: ptg[s] = dY", grad_op, dtype,
-                              _moe_grad_graph(dtype, dtype, None, grad, [1, 0], None),
-                              {"permuted_tokens_grad": grad[::-1], "probs_grad": np.zeros((2, 1))}))
-    cases.append(DemoCase("dropped slot (E5)", fwd_op, "float32",
-                          _moe_graph(True, "float32", "float32", rows[:3], [3, 0, 1, 2], ones((2, 2))),
-                          np.array([rows[0], rows[1] + rows[2]])))
-    return cases
+    return example_cases(moe)
 
 
 def _sfa_train_graph(layout: str, dtype: str) -> Builder:

@@ -1,12 +1,12 @@
 """The moe family (MoeTokenUnpermute and its gradient): everything about it that is not a runtime kernel.
 
 ``schema``: the declarations and their rules; ``body``: the ONNX function bodies; ``targets``: the
-device restrictions.
+device restrictions; ``examples``: the spec's worked examples as data.
 """
 
 from __future__ import annotations
 
-from . import body, targets  # noqa: F401  (they register the lowerings and the target rows)
+from . import body, examples, targets  # noqa: F401  (they register the lowerings, examples and target rows)
 from .schema import FORWARD, GRAD
 
 __all__ = ["FORWARD", "GRAD"]

@@ -9,6 +9,7 @@ import geir
 from geir import ExecutionError
 from geir.runtimes.numpy import moe as kernels
 from geir.runtimes.numpy.moe import moe_token_unpermute, moe_token_unpermute_grad
+from geir.schemas.moe.examples import E2_DY, E2_FORWARD, E2_INDICES, E2_PG, E2_PROBS, E2_PTG, E2_ROWS
 from helpers import MOE, moe_grad_graph, moe_graph
 from oracles.moe import unpermute_grad_reference, unpermute_reference
 from oracles.numerics import assert_matches_reference, bits_equal
@@ -57,16 +58,14 @@ def test_e1_cann_doc_grad_example():
 
 @pytest.mark.parametrize("tt, tp", PAIRS)
 def test_e2_exact_in_every_dtype(tt, tp):
-    P = np.arange(1, 13).reshape(4, 3).astype(_np(tt))
-    s = np.array([2, 0, 3, 1], np.int32)
-    probs = np.array([[0.5, 0.25], [1, 2]]).astype(_np(tp))
-    dY = np.array([[1, 0, -1], [2, 1, 0]]).astype(_np(tt))
+    P, s = E2_ROWS.astype(_np(tt)), E2_INDICES
+    probs, dY = E2_PROBS.astype(_np(tp)), E2_DY.astype(_np(tt))
     y = _forward(P, s, probs)
-    assert y.dtype == _np(tt) and np.array_equal(y.astype(np.float64), [[3.75, 4.5, 5.25], [18, 21, 24]])
+    assert y.dtype == _np(tt) and np.array_equal(y.astype(np.float64), E2_FORWARD)
     ptg, pg = _grad(P, dY, s, probs)
     assert ptg.dtype == _np(tt) and pg.dtype == _np(tp)
-    assert np.array_equal(ptg.astype(np.float64), [[0.25, 0, -0.25], [4, 2, 0], [0.5, 0, -0.5], [2, 1, 0]])
-    assert np.array_equal(pg.astype(np.float64), [[-2, -2], [31, 13]])
+    assert np.array_equal(ptg.astype(np.float64), E2_PTG)
+    assert np.array_equal(pg.astype(np.float64), E2_PG)
     # identity 6.4: all three inner products equal 55.5
     f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
     assert np.vdot(f64(y), f64(dY)) == np.vdot(f64(P), f64(ptg)) == np.vdot(f64(probs), f64(pg)) == 55.5

@@ -11,6 +11,7 @@ import pytest
 import geir
 from geir.runtimes.numpy import rotary as kernels
 from geir.runtimes.numpy.rotary import rotary_mul, rotary_mul_grad
+from geir.schemas.rotary.examples import E1_COS, E1_DY, E1_ROWS, E1_SIN, E2_COS, E2_ROWS, E2_SIN, E2_X
 from helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
 from oracles.numerics import assert_matches_reference, bits_equal
 from oracles.rotary import rotary_reference
@@ -45,22 +46,10 @@ def _data(shape, cos_shape, dtype, cos_dtype, seed=0):
     return x, cos, sin
 
 
-# -- worked examples (spec 2.5) ---------------------------------------------------------
-E1_ROWS = {0: ([1, 2, 3, 4.8, 3.2, 4, 7, 8], [1, 2, 1, 1.2, 4.4, 6.4, 7, 8]),
-           1: ([1, 2, 2.3, 2.1, 5.9, 3.3, 7, 8], [1, 2, 1.1, 3, 1.7, 6.8, 7, 8]),
-           2: ([1, 2, 2.3, 2.1, 5.9, 3.3, 7, 8], [1, 2, 1.1, 3, 1.7, 6.8, 7, 8]),
-           3: ([1, 2, 3, 3.2, 4.8, 4, 7, 8], [1, 2, 1.1, 1.8, 3.7, 6.8, 7, 8])}
-E2_ROWS = {0: ([2.1, 2.2, 2.3, 2.4, 1.7, 2.2, 3.1, 4.4], [-3.9, -3.8, -3.3, -2.4, 2.9, 4.2, 5.5, 6.8]),
-           1: ([1.5, -0.4, 2.9, -0.2, 4.3, 1.6, 5.7, 5.0], [-1.5, 1.1, -1.5, 3.1, 0.1, 5.1, 3.3, 7.1]),
-           2: ([1.9, 2.4, 0.1, 0.2, 3.9, 4.4, 2.9, 4.6], [-2.3, -2.4, 1.5, 2.6, -0.3, 1.2, 5.9, 7.0]),
-           3: ([2.1, 1.7, 2.2, 2.2, 2.3, 3.1, 2.4, 4.4], [-1.5, -2.2, -2.1, -1.2, 1.4, 3.3, 5.2, 7.1])}
-
-
+# -- worked examples (spec 2.5), from the family's declared examples ------------------------------
 @pytest.mark.parametrize("mode", range(4))
 def test_e1_cann_example_every_mode(mode):
-    dy = np.tile(np.arange(1, 9, dtype=np.float32), (2, 2, 2, 1))
-    cos = np.tile(np.array([0.5, 0.6, 0.7, 0.8], np.float32), (1, 2, 1, 1))
-    sin = np.tile(np.array([0.1, 0.2, 0.3, 0.4], np.float32), (1, 2, 1, 1))
+    dy, cos, sin = (a.astype(np.float32) for a in (E1_DY, E1_COS, E1_SIN))
     grad_row, fwd_row = E1_ROWS[mode]
     for op, row in ((ROPE_GRAD, grad_row), (ROPE, fwd_row)):
         y = _run(op, dy, cos, sin, rotary_mode=mode, partial_slice=[2, 6])
@@ -69,9 +58,7 @@ def test_e1_cann_example_every_mode(mode):
 
 @pytest.mark.parametrize("mode", range(4))
 def test_e2_separates_all_modes(mode):
-    x = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 1, 8)
-    cos = (np.arange(1, 9) / 10).astype(np.float32).reshape(1, 1, 1, 8)
-    sin = cos[..., ::-1].copy()
+    x, cos, sin = (a.astype(np.float32) for a in (E2_X, E2_COS, E2_SIN))
     grad_row, fwd_row = E2_ROWS[mode]
     np.testing.assert_allclose(_run(ROPE_GRAD, x, cos, sin, rotary_mode=mode, partial_slice=[0, 8]).ravel(),
                                grad_row, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,45 @@
+"""The MoE unpermute ops' worked examples (spec 3.5), exact in every dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._examples import Example, register_examples
+from .schema import FORWARD, GRAD
+
+E2_ROWS = np.arange(1.0, 13.0).reshape(4, 3)
+E2_INDICES = np.array([2, 0, 3, 1], np.int32)
+E2_PROBS = np.array([[0.5, 0.25], [1.0, 2.0]])
+E2_DY = np.array([[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]])
+E2_FORWARD = np.array([[3.75, 4.5, 5.25], [18.0, 21.0, 24.0]])
+E2_PTG = np.array([[0.25, 0, -0.25], [4, 2, 0], [0.5, 0, -0.5], [2, 1, 0]])
+E2_PG = np.array([[-2.0, -2.0], [31.0, 13.0]])
+ALL = ("float32", "float16", "bfloat16")
+BF16_PROBS_F32 = {"bfloat16": {"probs": "float32"}}
+
+
+def _examples() -> list[Example]:
+    ones = np.ones
+    constant = np.repeat(np.array([1.0, 0, 0, 3, 2, 1, 2, 3])[:, None], 3, axis=1)
+    return [
+        Example("CANN doc example (E1)", GRAD, {"permuted_tokens": ones((3, 2)), "unpermuted_tokens_grad": ones((1, 2)),
+                                                "sorted_indices": np.array([0, 1, 2], np.int32), "probs": ones((1, 3))},
+                {}, {"permuted_tokens_grad": ones((3, 2)), "probs_grad": np.array([[2.0, 2.0, 2.0]])}),
+        Example("E2 with probs", FORWARD, {"permuted_tokens": E2_ROWS, "sorted_indices": E2_INDICES, "probs": E2_PROBS},
+                {}, {"unpermuted_tokens": E2_FORWARD}, ALL, BF16_PROBS_F32),
+        Example("E2 with probs", GRAD, {"permuted_tokens": E2_ROWS, "unpermuted_tokens_grad": E2_DY,
+                                        "sorted_indices": E2_INDICES, "probs": E2_PROBS},
+                {}, {"permuted_tokens_grad": E2_PTG, "probs_grad": E2_PG}, ALL, BF16_PROBS_F32),
+        Example("MindSpore example, no probs (E3)", FORWARD,
+                {"permuted_tokens": constant, "sorted_indices": np.array([0, 6, 7, 5, 3, 1, 2, 4], np.int32)}, {},
+                {"unpermuted_tokens": np.repeat(np.array([1.0, 2, 3, 1, 3, 0, 0, 2])[:, None], 3, axis=1)}, ALL),
+        Example("no probs: ptg[s] = dY", GRAD, {"unpermuted_tokens_grad": E2_DY,
+                                                "sorted_indices": np.array([1, 0], np.int32)},
+                {}, {"permuted_tokens_grad": E2_DY[::-1], "probs_grad": np.zeros((2, 1))}, ALL),
+        Example("dropped slot (E5)", FORWARD, {"permuted_tokens": E2_ROWS[:3],
+                                               "sorted_indices": np.array([3, 0, 1, 2], np.int32), "probs": ones((2, 2))},
+                {}, {"unpermuted_tokens": np.array([E2_ROWS[0], E2_ROWS[1] + E2_ROWS[2]])}),
+    ]
+
+
+register_examples(*_examples())
