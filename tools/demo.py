@@ -17,7 +17,8 @@ import numpy as np
 import geir
 
 from ..runtimes import runtime_names
-from ..schemas import Example, all_examples, moe, rotary
+from ..schemas import Example, all_examples, moe, rotary, sparse_attention
+from ..schemas.sparse_attention.examples import E1_KEY, E1_VALUE
 from ._table import format_table
 
 ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
@@ -154,8 +155,7 @@ def _sfa_train_graph(layout: str, dtype: str) -> Builder:
     """
     def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
         np_dt = geir.as_dtype(dtype).numpy
-        keys = np.array([[1.0] * 4, [2.0] * 4, [2.0, 0, 1, 1], [4.0] * 4])
-        values = np.repeat(np.arange(1.0, 5.0), 4).reshape(4, 4)
+        keys, values = E1_KEY.reshape(4, 4), E1_VALUE.reshape(4, 4)      # spec 4.9 E1, declared by the family
         batches = 1 if layout == "BSND" else 2
         if layout == "BSND":
             shape_q, shape_kv, shape_i = (1, 1, 2, 4), (1, 4, 1, 4), (1, 1, 1, 4)
@@ -188,7 +188,7 @@ def _sfa_train_graph(layout: str, dtype: str) -> Builder:
 
 
 def sfa_cases() -> list[DemoCase]:
-    cases = []
+    cases = example_cases(sparse_attention)
     for layout in ("BSND", "TND"):
         batches = 1 if layout == "BSND" else 2
         stats = (1, 1, 1, 2) if layout == "BSND" else (1, 2, 2)

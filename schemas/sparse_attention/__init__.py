@@ -2,12 +2,12 @@
 everything about it that is not a runtime kernel.
 
 ``schema``: the declarations and their rules; ``body``: the ONNX function bodies; ``targets``: the
-device restrictions. ``selection``: which keys a query row sees, the one statement the rules, the kernels and the validation share.
+device restrictions; ``examples``: the spec's worked example as data. ``selection``: which keys a query row sees, the one statement the rules, the kernels and the validation share.
 """
 
 from __future__ import annotations
 
-from . import body, targets  # noqa: F401  (they register the lowerings and the target rows)
+from . import body, examples, targets  # noqa: F401  (they register the lowerings, examples and target rows)
 from .schema import FORWARD, GRAD, INT64_MAX, role_sizes
 
 __all__ = ["FORWARD", "GRAD", "INT64_MAX", "role_sizes"]
