@@ -11,6 +11,7 @@ __all__ = [
     "GeirWarning",
     "GraphError",
     "SourceLocation",
+    "first_line",
     "format_rule_message",
     "user_location",
 ]
@@ -38,6 +39,12 @@ def user_location() -> SourceLocation | None:
             return SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back
     return None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (onnx's and ONNX Runtime's run over many), or its type."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def format_rule_message(

@@ -13,18 +13,19 @@ is a GraphError, with the original exception chained.
 from __future__ import annotations
 
 import os
-import stat
 
 import networkx as nx
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, checker, inliner, numpy_helper, version_converter
+from onnx.reference import ReferenceEvaluator
 
 from ..schemas import OPSET, all_schemas, get_schema
 from ._builder import GraphBuilder
 from ._core import CANN_DOMAIN, Graph, Value
-from ._errors import GraphError
+from ._errors import GraphError, first_line
+from ._files import FileRefused, read_regular_file
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 
@@ -61,17 +62,11 @@ def _read_model(path: str | os.PathLike) -> ModelProto:
     if not isinstance(path, (str, os.PathLike)):
         raise GraphError(f"load_onnx: expected a path, got {type(path).__name__}")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
+        data = read_regular_file(path, MAX_MODEL_BYTES)
+    except FileNotFoundError as exc:
         raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: {exc.strerror}") from exc
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if info.st_size > MAX_MODEL_BYTES:
-            raise GraphError(f"ONNX file {os.fspath(path)!r} is {info.st_size} bytes, more than {MAX_MODEL_BYTES}")
-        data = f.read(MAX_MODEL_BYTES + 1)
+    except FileRefused as exc:
+        raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: it {exc}") from exc
     return _parse(data, repr(os.fspath(path)))
 
 
@@ -112,7 +107,7 @@ def _run_checker(model: ModelProto) -> None:
     try:
         checker.check_model(model)
     except checker.ValidationError as exc:
-        raise GraphError(f"ONNX model '{model.graph.name}' is malformed: {str(exc).strip().splitlines()[0]}") from exc
+        raise GraphError(f"ONNX model '{model.graph.name}' is malformed: {first_line(exc)}") from exc
 
 
 def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
@@ -165,9 +160,8 @@ def _import(model: ModelProto) -> Graph:
         try:
             model = version_converter.convert_version(model, OPSET)
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0]
             raise GraphError(f"ONNX model '{model.graph.name}' uses standard opset {standard}; converting it to opset "
-                             f"{OPSET}, the one geir runs, failed: {type(exc).__name__}: {first}") from exc
+                             f"{OPSET}, the one geir runs, failed: {type(exc).__name__}: {first_line(exc)}") from exc
     return _build(model)
 
 
@@ -242,8 +236,6 @@ MAX_SPARSE_CONSTANT_ELEMENTS = 1 << 26
 
 def _import_constant(b: GraphBuilder, node, values: dict[str, Value]) -> None:
     """A standard ``Constant`` node (any of its value attributes) as a graph constant."""
-    from onnx.reference import ReferenceEvaluator
-
     what = f"Constant '{node.name or node.output[0]}'"
     if len(node.output) != 1 or not node.output[0] or len(node.input) or len(node.attribute) != 1:
         raise GraphError(f"{what}: expected no input, one output and one value attribute, got {len(node.input)}, "
@@ -254,8 +246,8 @@ def _import_constant(b: GraphBuilder, node, values: dict[str, Value]) -> None:
     else:
         single = onnx.helper.make_node("Constant", [], ["value"], name=node.name)
         single.attribute.extend(node.attribute)
-        probe = onnx.helper.make_model(onnx.helper.make_graph([single], "constant", [], [
-            onnx.helper.make_value_info("value", onnx.TypeProto())]), opset_imports=[onnx.helper.make_opsetid("", 18)])
+        graph = onnx.helper.make_graph([single], "constant", [], [onnx.helper.make_value_info("value", onnx.TypeProto())])
+        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
         (array,) = ReferenceEvaluator(probe).run(None, {})
         array = np.asarray(array)
     if array.dtype.kind in "USO":

@@ -15,7 +15,7 @@ import onnx
 from onnx import checker, defs, helper, numpy_helper, shape_inference
 
 from ..ir._dtypes import DType
-from ..ir._errors import GraphError, SourceLocation, format_rule_message
+from ..ir._errors import GraphError, SourceLocation, first_line, format_rule_message
 from ..ir._onnx_types import tensor_type_from_onnx
 from ..ir._types import TensorType
 
@@ -88,8 +88,7 @@ class StandardOpSchema:
         try:
             checker.check_node(proto, context)
         except checker.ValidationError as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise GraphError(f"[SCH-3] {self.op_type} '{node}': attributes: {first}", rule="SCH-3", node=node,
+            raise GraphError(f"[SCH-3] {self.op_type} '{node}': attributes: {first_line(exc)}", rule="SCH-3", node=node,
                              location=location) from None
         return dict(given)
 
@@ -104,13 +103,8 @@ class StandardOpSchema:
     def _check_output_count(self, ctx: InferContext) -> None:
         """Split's output count must match what it splits into; onnx's inference asserts (aborts the
         process) instead of raising when it does not."""
-        if self.op_type != "Split":
-            return
         count = len(self.outputs)
-        wanted = ctx.attributes.get("num_outputs")
-        split = ctx.input_values[1] if len(ctx.input_values) > 1 else None
-        if wanted is None and split is not None:
-            wanted = np.asarray(split).size
+        wanted = _split_parts(self.op_type, ctx.attributes, ctx.input_values[1] if len(ctx.input_values) > 1 else None)
         if wanted is not None and wanted != count:
             raise GraphError(f"[SCH-2] Split '{ctx.node}': outputs: expected {wanted} (num_outputs or the length of "
                              f"'split'), got {count}", rule="SCH-2", node=ctx.node, location=ctx.location)
@@ -152,15 +146,22 @@ def standard_schema(op_type: str, outputs: int | None = None) -> StandardOpSchem
     return _CACHE[key]
 
 
+def _split_parts(op_type: str, attributes: dict, split: np.ndarray | None) -> int | None:
+    """How many parts a Split says it makes (``num_outputs``, else the length of a known ``split``)."""
+    if op_type != "Split":
+        return None
+    if "num_outputs" in attributes:
+        return int(attributes["num_outputs"])
+    return None if split is None else int(np.asarray(split).size)
+
+
 def variadic_output_count(schema: StandardOpSchema, inputs: list, attributes: dict, constants: dict) -> int:
     """How many outputs a node of a variadic-output op has: Split's ``num_outputs`` or the length of its
     constant ``split`` input; GraphError when the builder cannot know (pass ``outputs=N``)."""
-    if schema.op_type == "Split":
-        if "num_outputs" in attributes:
-            return int(attributes["num_outputs"])
-        split = inputs[1] if len(inputs) > 1 else None
-        if split is not None and split.name in constants:
-            return int(np.asarray(constants[split.name]).size)
+    split = inputs[1] if len(inputs) > 1 else None
+    parts = _split_parts(schema.op_type, attributes, None if split is None else constants.get(split.name))
+    if parts is not None:
+        return parts
     raise GraphError(f"{schema.op_type}: its number of outputs varies per node; pass outputs=N to GraphBuilder.op "
                      f"(Split: or give num_outputs, or a constant 'split' input)")
 

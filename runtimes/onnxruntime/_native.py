@@ -38,6 +38,7 @@ import onnxruntime as ort
 
 from ...ir._builder import GraphBuilder
 from ...ir._errors import GeirWarning
+from ...ir._files import FileRefused, read_regular_file
 from ...ir._onnx_export import to_onnx
 from ..numpy import NumpyRuntime
 
@@ -89,22 +90,15 @@ def _trusted_dir() -> Path:
 def _read_trusted(path: Path, limit: int) -> bytes | None:
     """The bytes of ``path`` if it is a regular file this user owns and alone may write; None if missing.
 
-    Opens without following links and without blocking (a FIFO there never hangs us).
+    Links are not followed and a FIFO never blocks (``read_regular_file``).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return read_regular_file(path, limit, follow_links=False,
+                                 vet=lambda info: _check_owner(info, path, "cached file"))
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise _Untrusted(f"cannot open {path} safely: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise _Untrusted(f"{path} is not a regular file")
-        _check_owner(info, path, "cached file")
-        if info.st_size > limit:
-            raise _Untrusted(f"{path} is {info.st_size} bytes, more than {limit}")
-        return f.read(limit + 1)
+    except FileRefused as exc:
+        raise _Untrusted(f"{path} {exc}") from None
 
 
 def _write_atomically(directory: Path, name: str, data: bytes) -> None:

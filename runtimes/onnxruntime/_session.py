@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 
 from ...ir._core import Graph, Node, Value
-from ...ir._errors import ExecutionError, GraphError
+from ...ir._errors import ExecutionError, GraphError, first_line
 from ...ir._onnx_export import to_onnx
 from ...ir._onnx_types import value_info
 from ...ir._types import TensorType
@@ -90,11 +90,7 @@ class OnnxRuntimeExecutable:
             for node in pending:
                 _validate_node(node, known, types, final=True)
         binding = self.session.io_binding()
-        keep_alive = []                       # OrtValues and buffers must outlive the run
-        for name, array in arrays.items():
-            value = _ort_value(np.ascontiguousarray(array))
-            keep_alive.append(value)
-            binding.bind_ortvalue_input(name, value)
+        keep_alive = _bind_inputs(binding, arrays)   # OrtValues and buffers must outlive the run
         outputs: dict[str, np.ndarray] = {}
         bound: list[str] = []                 # binding order, which is the order of binding.get_outputs()
         for value in self.graph.outputs:
@@ -129,9 +125,7 @@ class OnnxRuntimeExecutable:
         if self._probe_session is None:
             self._probe_session = _session(_probe_model(self.model, values), self.graph)
         binding = self._probe_session.io_binding()
-        keep_alive = [_ort_value(np.ascontiguousarray(a)) for a in arrays.values()]
-        for name, value in zip(arrays, keep_alive):
-            binding.bind_ortvalue_input(name, value)
+        keep_alive = _bind_inputs(binding, arrays)   # noqa: F841  (must outlive the run)
         for value in values:
             binding.bind_output(value.name)
         try:
@@ -143,8 +137,23 @@ class OnnxRuntimeExecutable:
             if value.type.dtype.numpy in (np.int32, np.int64):
                 probed[value.name] = result.numpy()
             else:   # only its shape is read
-                probed[value.name] = np.broadcast_to(np.zeros((), value.type.dtype.numpy), tuple(result.shape()))
+                probed[value.name] = _stand_in(value.type.dtype.numpy, tuple(result.shape()))
         return probed
+
+
+def _bind_inputs(binding: ort.IOBinding, arrays: Mapping[str, np.ndarray]) -> list[ort.OrtValue]:
+    """Bind every feed as an OrtValue; return them (they must outlive the run)."""
+    values = []
+    for name, array in arrays.items():
+        value = _ort_value(np.ascontiguousarray(array))
+        values.append(value)
+        binding.bind_ortvalue_input(name, value)
+    return values
+
+
+def _stand_in(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A zero-cost array of ``shape`` for a data rule that reads only the shape of an input."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
 
 
 def _session(model: onnx.ModelProto, graph: Graph) -> ort.InferenceSession:
@@ -153,8 +162,7 @@ def _session(model: onnx.ModelProto, graph: Graph) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': {first}") from exc
+        raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': {first_line(exc)}") from exc
 
 
 def _probe_model(model: onnx.ModelProto, values: list[Value]) -> onnx.ModelProto:
@@ -206,7 +214,7 @@ def _validate_node(node: Node, known: Mapping[str, np.ndarray], types: Mapping[s
             args.append(known[value.name])
         elif spec.name not in node.schema.validated_inputs and value.name in types:
             t = types[value.name]
-            args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
+            args.append(_stand_in(t.dtype.numpy, t.shape))
         elif final:
             raise AssertionError(f"{describe(node)}: input '{value.name}' was not probed")
         else:
