@@ -43,7 +43,7 @@ class Pass(ABC):
         result = self.call(graph)
         returned = result.graph
         if result.modified:
-            returned.properties = (before & self.preserves) | (returned.properties & self.ensures)
+            returned.properties = before & self.preserves
         returned.properties |= self.ensures
         return result
 
