@@ -1,0 +1,134 @@
+"""The machinery of any runtime that interprets a graph node by node, written once.
+
+A subclass says which callable runs a node (``resolve``); this module does the rest, as
+torch.fx's Interpreter does: a schedule of the live nodes with each value's last use (buffers
+die early), the fed-shape re-checks of nodes whose types hold symbols, the run-time data rules,
+ownership by provenance (what may be written in place), the check of what a kernel returned,
+and the wrapping of kernel failures with the node that failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..ir._core import Graph, Node
+from ..ir._errors import ExecutionError, GraphError
+from ..ir._types import TensorType
+from ..passes import live_nodes
+
+from ._checks import describe, is_symbolic, output_types_on, validate_node_data
+from ._feeds import validate_feeds
+
+__all__ = ["InterpretedExecutable", "NodeKernel"]
+
+NodeKernel = Callable[..., Any]
+"""``kernel(*inputs, **attributes[, out=buffer]) -> array | tuple of arrays``."""
+
+
+class InterpretedExecutable:
+    """A verified graph scheduled for node-by-node execution.
+
+    In-place: an aliased output may reuse its input's buffer only when the run created that
+    buffer, this node is its last reader and it is not a graph output. Ownership is decided by
+    provenance: an output of a kernel that ``resolve`` called *ours* and that shares no memory
+    with the node's inputs, or the buffer the run itself handed in as ``out``. Never a feed, a
+    constant, or anything a foreign kernel returns (onnx.reference may hand back its input
+    object or a cached array).
+    """
+
+    runtime_name = "interpreter"
+
+    def __init__(self, graph: Graph) -> None:
+        if not {"verified", "typed"} <= graph.properties:
+            raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
+        self.graph = graph
+        live = live_nodes(graph)
+        self.order: list[Node] = [n for n in graph.topological_order() if n in live]
+        self.kernels: dict[Node, tuple[NodeKernel, bool]] = {}
+        for node in self.order:
+            resolved = self.resolve(node)
+            if resolved is None:
+                raise GraphError(f"runtime '{self.runtime_name}' has no kernel for {node.domain}::{node.op_type} "
+                                 f"(node '{node.name}')", node=node.name, location=node.location)
+            self.kernels[node] = resolved
+        self.outputs = {id(v) for v in graph.outputs}
+        self.last_use: dict[int, int] = {}
+        for step, node in enumerate(self.order):
+            for value in node.inputs:
+                if value is not None:
+                    self.last_use[id(value)] = step
+        self.symbolic = {n for n in self.order if is_symbolic(n)}
+
+    def resolve(self, node: Node) -> tuple[NodeKernel, bool] | None:
+        """The kernel that runs ``node`` and whether its fresh results are ours to own; None: no kernel."""
+        raise NotImplementedError
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        env, _ = validate_feeds(self.graph, feeds)
+        env.update(self.graph.constants)   # read-only: never owned, so never written in place
+        owned: set[str] = set()
+        for step, node in enumerate(self.order):
+            args = [env[v.name] if v is not None else None for v in node.inputs]
+            expected = self._expected_types(node, args)
+            validate_node_data(node, args)
+            kernel, ours = self.kernels[node]
+            kwargs = dict(node.attributes)
+            reused = None
+            if node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
+                kwargs["out"] = reused = args[0]
+            try:
+                results = kernel(*args, **kwargs)
+            except ExecutionError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(f"While executing {describe(node)}: {type(exc).__name__}: {exc}",
+                                     node=node.name) from exc
+            if not isinstance(results, tuple):
+                results = (results,)
+            for value, array, want in zip(node.outputs, results, expected):
+                if value is None:
+                    continue
+                if array.dtype != want.dtype.numpy or not _shape_matches(array.shape, want.shape):
+                    raise ExecutionError(f"{describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
+                                         f"for output '{value.name}', expected {want}", node=node.name)
+                env[value.name] = array
+                if _allocated_here(ours, array, args, reused):
+                    owned.add(value.name)
+                else:   # a view of an owned input makes that input shared: no longer written in place
+                    owned.difference_update(v.name for v, a in zip(node.inputs, args)
+                                            if v is not None and np.may_share_memory(array, a))
+            for value in node.inputs:
+                if value is not None and self.last_use[id(value)] == step and id(value) not in self.outputs:
+                    env.pop(value.name, None)
+        result = {}
+        for value in self.graph.outputs:
+            array = env[value.name]
+            result[value.name] = array if value.name in owned else array.copy()
+        return result
+
+    def _may_reuse(self, node: Node, index: int, step: int, owned: set[str]) -> bool:
+        value = node.inputs[index]
+        return (value is not None and value.name in owned and self.last_use[id(value)] == step
+                and id(value) not in self.outputs
+                and sum(1 for v in node.inputs if v is value) == 1)
+
+    def _expected_types(self, node: Node, args: list[np.ndarray | None]) -> list[TensorType | None]:
+        """Output types on concrete shapes; re-checks the semantic rules when dims were symbolic."""
+        if node not in self.symbolic:
+            return [v.type if v is not None else None for v in node.outputs]
+        return output_types_on(self.graph, node, [None if a is None else a.shape for a in args])
+
+
+def _allocated_here(ours: bool, array: np.ndarray, args: list[np.ndarray | None], reused: np.ndarray | None) -> bool:
+    """Whether this run owns ``array``: our kernel made it fresh, or it is the buffer we handed in."""
+    if reused is not None and array is reused:
+        return True
+    return ours and not any(a is not None and np.may_share_memory(array, a) for a in args)
+
+
+def _shape_matches(actual: tuple[int, ...], declared: tuple) -> bool:
+    """Ranks equal and every int dim equal (symbols of data-dependent standard-op outputs match any size)."""
+    return len(actual) == len(declared) and all(not isinstance(d, int) or d == a for a, d in zip(actual, declared))
