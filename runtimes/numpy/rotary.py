@@ -6,6 +6,8 @@ forward ``m = -sign * sin``, grad ``m = sign * swap(sin)`` (the partner's sin), 
 ``sign = +1`` on the first element of each pair and ``-1`` on the second. Each term is the
 same float32 product as the spec's formula, so results are bit-identical to it.
 Mode 3 reads (forward) or writes (grad) the interleaved layout around the half-mode math.
+The pair views (``_pairs``) are tested bit for bit against ``schemas.rotary.rotation.rotate``,
+the family's one statement of the tables, from which the signs are taken.
 
 The work is blocked over rows of (B, S) so temporaries stay in cache; cos/sin broadcast
 by NumPy, never materialised at full size. float64 inputs compute in float64 (test hook).
@@ -18,6 +20,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ...schemas import rotary as schemas
+from ...schemas.rotary.rotation import rotation_tables
 from ._kernels import kernel
 from ._parallel import parallel_for
 
@@ -69,13 +72,6 @@ def _swap(src: np.ndarray, dst: np.ndarray, kind: str) -> None:
     np.copyto(dst_b, src_a, casting="unsafe")
 
 
-def _pair_sign(length: int, kind: str, dtype: np.dtype) -> np.ndarray:
-    """+1 on the first element of each rotation pair, -1 on its partner."""
-    sign = np.ones(length, dtype)
-    _pairs(sign, kind)[1][...] = -1
-    return sign
-
-
 def _row_blocks(batch: int, seq: int, rows: int) -> Iterator[tuple[slice, slice]]:
     """(batch slice, seq slice) blocks of about ``rows`` (b, s) rows each."""
     if rows >= seq:
@@ -101,7 +97,7 @@ def _rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int, partial_
         return out
     cdt = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
     kind = _PAIR_KIND[mode]
-    sign = _pair_sign(length, kind, cdt)
+    sign = rotation_tables(mode, length).sign.astype(cdt)   # the family's statement of the pairs
     c = np.asarray(cos, dtype=cdt)
     n = np.asarray(sin, dtype=cdt)
     m = np.empty(n.shape, cdt)

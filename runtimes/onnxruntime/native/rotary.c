@@ -13,6 +13,28 @@ typedef struct {
   float* sign;
 } RotaryJob;
 
+/* The pair tables of geir.schemas.rotary.rotation (tested against it through this exported symbol):
+ * partner[i] is the position i rotates with, sign[i] +1 on the first element of its pair, -1 on the second. */
+void geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign) {
+  int64_t h = L / 2, q = L / 4;
+  for (int64_t i = 0; i < L; i++) {
+    int64_t p, first;
+    if (mode == 1) {
+      p = i ^ 1;
+      first = (i % 2) == 0;
+    } else if (mode == 2) {
+      int64_t r = i % h;
+      p = i - r + (r + q) % h;
+      first = r < q;
+    } else {
+      p = (i + h) % L;
+      first = i < h;
+    }
+    partner[i] = (int)p;
+    sign[i] = first ? 1.0f : -1.0f;
+  }
+}
+
 /* y[i] = c[i] * g[i] + m[i] * g[partner(i)] over the slice, in the pair layout of the mode; the
  * partner of a position is a fixed offset within contiguous segments, so every loop is a plain
  * vectorisable pass (the two products and the sum are rounded as the NumPy kernel rounds them). */
@@ -131,25 +153,9 @@ OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
   if (j.length % unit) return ort_error(op, "slice length %ld is not divisible by %ld", (long)j.length, (long)unit, 0);
   if (j.length > 1024) return ort_error(op, "slice length %ld exceeds the native kernel's 1024", (long)j.length, 0, 0);
   if (j.x.type != j.out.type) return ort_error(op, "output type %ld differs from input type %ld", j.out.type, j.x.type, 0);
-  int64_t L = j.length, h = L / 2, q = L / 4;
   int partner[1024];
   float sign[1024];
-  for (int64_t i = 0; i < L; i++) {
-    int64_t p, first;
-    if (k->mode == 1) {
-      p = i ^ 1;
-      first = (i % 2) == 0;
-    } else if (k->mode == 2) {
-      int64_t r = i % h;
-      p = i - r + (r + q) % h;
-      first = r < q;
-    } else {
-      p = (i + h) % L;
-      first = i < h;
-    }
-    partner[i] = (int)p;
-    sign[i] = first ? 1.0f : -1.0f;
-  }
+  geir_rotary_tables(k->mode, j.length, partner, sign);
   j.partner = partner;
   j.sign = sign;
   j.cb = j.cos.dims[0];
