@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import geir
 
 ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
+NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float64": np.float64, "float32": np.float32}
 
 empty_grad_slices_expected = pytest.mark.filterwarnings(r"ignore:\[RP-W1\]:geir.GeirWarning")
 """For tests that build rotary grads with an empty slice on purpose (the RP-W1 warning has its own test)."""

@@ -13,7 +13,7 @@ import pytest
 import geir
 from geir import ExecutionError, GraphError
 from helpers import ROPE_GRAD, SFA, moe_graph, rotary_graph, sfa_graph
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 RUNTIMES = ["numpy", "onnxruntime"]
 

@@ -13,7 +13,7 @@ from helpers import (ROPE, ROPE_GRAD, SFA, SFA_GRAD, assert_same_graph, empty_gr
                      moe_graph, rotary_graph, sfa_graph)
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
 from oracles.onnx_runners import run_onnxruntime, run_reference
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

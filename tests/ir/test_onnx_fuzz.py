@@ -14,7 +14,7 @@ import geir
 from geir import GraphError
 sys.path.insert(0, "tests")
 from helpers import moe_grad_graph, rotary_graph, sfa_graph, SFA
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 warnings.simplefilter("ignore")
 seeds = []

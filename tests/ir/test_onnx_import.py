@@ -12,7 +12,7 @@ import geir
 from geir import GraphError
 from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, assert_same_graph, moe_grad_graph, moe_graph, rotary_graph, sfa_graph
 from oracles.onnx_runners import run_onnxruntime
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 
 def _graphs():

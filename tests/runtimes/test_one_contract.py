@@ -96,7 +96,7 @@ def _same_error_on_both(graph: geir.Graph, feeds: dict[str, np.ndarray], rule: s
 
 def _sfa_with_computed_indices(indices: np.ndarray, layout: str = "BSND"):
     """A forward whose sparse_indices are computed inside the graph (fed indices + a constant 0)."""
-    from oracles.sfa_cases import SfaCase
+    from geir.schemas.sparse_attention.examples import SfaCase
 
     case = SfaCase(layout=layout, B=1, S1=3, S2=8, N1=2, K=4, bs=2, mode=0)
     arrays = case.arrays()

@@ -15,7 +15,7 @@ import geir
 from geir import ExecutionError
 from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, sfa_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

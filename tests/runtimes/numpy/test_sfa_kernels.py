@@ -15,7 +15,8 @@ from geir.schemas.sparse_attention.selection import candidates, query_rows
 from helpers import SFA, SFA_GRAD, sfa_graph
 from oracles.sfa import batches, forward_reference, grad_reference, select
 from oracles.numerics import assert_within_ulps_of_scale
-from oracles.sfa_cases import NP, SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
+from helpers import NP
 
 GRAD_NAMES = ("d_query", "d_key", "d_value", "d_query_rope", "d_key_rope")
 

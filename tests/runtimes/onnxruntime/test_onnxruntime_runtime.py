@@ -11,7 +11,7 @@ from geir import ExecutionError
 from geir.runtimes import get_runtime
 from helpers import ROPE, ROPE_GRAD, SFA, moe_grad_graph, moe_graph, random_feeds, rotary_graph, sfa_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

@@ -9,7 +9,7 @@ import pytest
 
 import geir
 from helpers import SFA, SFA_GRAD, sfa_graph
-from oracles.sfa_cases import SfaCase
+from geir.schemas.sparse_attention.examples import SfaCase
 
 # CANN's grad tiling UT shapes (D = 128, K = 4 or 8, bs 64, mode 3), and their rope / TND / KV-merge forms
 UT_CASES = {
