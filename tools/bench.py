@@ -17,12 +17,13 @@ import numpy as np
 
 import geir
 
-from ..ir.moe_indices import sorted_indices_from_expert_ids
 from ..runtimes import get_runtime, runtime_names
+from ..schemas import moe, rotary, sparse_attention
+from ..schemas.moe.examples import MoeCase
+from ..schemas.rotary.examples import RotaryCase
 
 from ._table import format_table
 
-EXPERTS = 64
 HEADERS = ("op", "case", "implementation", "ms", "throughput", "vs baseline")
 
 
@@ -105,39 +106,31 @@ def _as_torch(torch, array: np.ndarray):
     return torch.from_numpy(array.copy())
 
 
-def _rotary_case(dtype: str, shape: tuple[int, ...], pslice: tuple[int, int]) -> list[Measurement]:
+def _rotary_case(spec: RotaryCase) -> list[Measurement]:
     """One case's measurements; a function of its own so every closure binds this case's arrays."""
     torch = _torch()
-    rng = np.random.default_rng(0)
-    np_dt = geir.as_dtype(dtype).numpy
-    table = (1, shape[1], 1, pslice[1] - pslice[0])
-    feeds = {"dy": rng.standard_normal(shape, np.float32).astype(np_dt),
-             "cos": rng.standard_normal(table, np.float32).astype(np_dt),
-             "sin": rng.standard_normal(table, np.float32).astype(np_dt)}
+    arrays = spec.arrays()
+    feeds = {"dy": arrays["x"], "cos": arrays["cos"], "sin": arrays["sin"]}
+    pslice = spec.partial_slice
     dy, dst = feeds["dy"], np.empty_like(feeds["dy"])
     moved = 2 * dy.nbytes
-    case = f"{list(shape)} {dtype} slice {list(pslice)}"
+    case = f"{list(spec.shape)} {spec.dtype} slice {list(pslice)}"
     op = "InplacePartialRotaryMulGrad"
     rows = [Measurement(op, case, "np.copyto(dy)", lambda: np.copyto(dst, dy), moved, "GB/s", baseline=True)]
-    rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", rotary_mode=1, partial_slice=list(pslice))
+    rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", **spec.attributes())
     rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_rotary_grad(*feeds.values(), *pslice),
                             moved, "GB/s"))
     if torch is not None:
         t_args = [_as_torch(torch, a) for a in feeds.values()]
         rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_rotary_grad(torch, *t_args, *pslice),
                                 moved, "GB/s"))
-    fwd = {"x": dy, "cos": feeds["cos"].astype(np.float32), "sin": feeds["sin"].astype(np.float32)}
-    rows += _runtimes("InplacePartialRotaryMul", case, fwd, ("y",), moved, "GB/s", "rope", rotary_mode=1,
-                      partial_slice=list(pslice))
+    fwd = spec.arrays(cos_dtype="float32")
+    rows += _runtimes("InplacePartialRotaryMul", case, fwd, ("y",), moved, "GB/s", "rope", **spec.attributes())
     return rows
 
 
 def rotary_measurements(quick: bool) -> list[Measurement]:
-    cases = [("float32", (4, 2048, 32, 128), (0, 128)), ("bfloat16", (1, 4096, 128, 192), (128, 192))]
-    rows: list[Measurement] = []
-    for dtype, shape, pslice in cases:
-        rows += _rotary_case(dtype, (1, 64) + shape[2:] if quick else shape, pslice)
-    return rows
+    return [m for spec in rotary.examples.BENCH["quick" if quick else "bench"] for m in _rotary_case(spec)]
 
 
 # -- MoE -------------------------------------------------------------------------------------------
@@ -160,20 +153,14 @@ def torch_moe_grad(torch, tokens, grad, indices, probs):
     return out, pg.to(probs.dtype)
 
 
-def _moe_case(dtype: str, tokens: int, topk: int, hidden: int) -> list[Measurement]:
+def _moe_case(spec: MoeCase) -> list[Measurement]:
     """One case's measurements; a function of its own so every closure binds this case's arrays."""
     torch = _torch()
-    rng = np.random.default_rng(0)
-    np_dt = geir.as_dtype(dtype).numpy
-    experts = np.argsort(rng.random((tokens, EXPERTS)), axis=1)[:, :topk]  # realistic routing
-    feeds = {"permuted_tokens": rng.standard_normal((tokens * topk, hidden), np.float32).astype(np_dt),
-             "unpermuted_tokens_grad": rng.standard_normal((tokens, hidden), np.float32).astype(np_dt),
-             "sorted_indices": sorted_indices_from_expert_ids(experts),
-             "probs": rng.uniform(0, 1, (tokens, topk)).astype(np_dt)}
+    feeds = spec.arrays()
     moved = 2 * feeds["permuted_tokens"].nbytes + feeds["unpermuted_tokens_grad"].nbytes
     src = np.ones(moved // 2, np.uint8)
     dst = np.empty_like(src)
-    case = f"T={tokens} K={topk} H={hidden} {dtype}"
+    case = f"T={spec.tokens} K={spec.topk} H={spec.hidden} {spec.dtype}"
     op = "MoeTokenUnpermuteGrad"
     rows = [Measurement(op, case, "np.copyto of the same bytes", lambda: np.copyto(dst, src), moved, "GB/s",
                         baseline=True),
@@ -192,23 +179,10 @@ def _moe_case(dtype: str, tokens: int, topk: int, hidden: int) -> list[Measureme
 
 
 def moe_measurements(quick: bool) -> list[Measurement]:
-    tokens, topk, hidden = (512, 8, 256) if quick else (8192, 8, 1024)
-    return [m for dtype in ("float32", "bfloat16") for m in _moe_case(dtype, tokens, topk, hidden)]
+    return [m for spec in moe.examples.BENCH["quick" if quick else "bench"] for m in _moe_case(spec)]
 
 
 # -- sparse flash attention --------------------------------------------------------------------------
-def sfa_bench_feeds(batch: int, seq_q: int, seq_kv: int, heads: int, topk: int, d: int, dr: int,
-                    dtype: str = "float16") -> dict[str, np.ndarray]:
-    """BSND inputs with ``topk`` distinct random keys per query row (sparse_mode 0: all of them count)."""
-    rng = np.random.default_rng(0)
-    np_dt = geir.as_dtype(dtype).numpy
-    normal = lambda *shape: rng.standard_normal(shape, np.float32).astype(np_dt)  # noqa: E731
-    indices = np.argsort(rng.random((batch * seq_q, seq_kv)), axis=1)[:, :topk].astype(np.int32)
-    return {"query": normal(batch, seq_q, heads, d), "key": normal(batch, seq_kv, 1, d),
-            "value": normal(batch, seq_kv, 1, d), "sparse_indices": indices.reshape(batch, seq_q, 1, topk),
-            "query_rope": normal(batch, seq_q, heads, dr), "key_rope": normal(batch, seq_kv, 1, dr)}
-
-
 def torch_sfa_grad(torch, f: dict, scale: float):
     """The grad's math for B=1, N2=1, block 1, sparse_mode 0 in PyTorch eager (gather, bmm, index_add)."""
     q = torch.cat([f["query"], f["query_rope"]], -1).float()[0]                  # (S1, N1, Dq)
@@ -232,10 +206,11 @@ def torch_sfa_grad(torch, f: dict, scale: float):
 
 
 def sfa_measurements(quick: bool) -> list[Measurement]:
-    batch, seq_q, seq_kv, heads, topk, d, dr = (1, 64, 512, 16, 64, 128, 64) if quick else (1, 512, 2048, 16, 256, 128, 64)
-    feeds = sfa_bench_feeds(batch, seq_q, seq_kv, heads, topk, d, dr)
-    scale = float(np.float32(1 / np.sqrt(d + dr)))
-    attrs = dict(scale_value=scale, sparse_mode=0)
+    spec = sparse_attention.examples.BENCH["quick" if quick else "bench"]
+    feeds = {k: v for k, v in spec.arrays().items() if v is not None}
+    batch, seq_q, seq_kv, heads, topk, d, dr = spec.B, spec.S1, spec.S2, spec.N1, spec.K, spec.D, spec.Dr
+    scale = spec.scale
+    attrs = dict(scale_value=scale, sparse_mode=spec.mode, sparse_block_size=spec.bs)
     forward = _compile("numpy", "sfa_fwd", "SparseFlashAttention", feeds, ("out", "softmax_max", "softmax_sum"),
                        return_softmax_lse=True, **attrs)
     out = forward.run(feeds)
@@ -249,7 +224,7 @@ def sfa_measurements(quick: bool) -> list[Measurement]:
     rng = np.random.default_rng(1)
     a = rng.standard_normal((rows_total, dqk), np.float32)
     b = rng.standard_normal((dqk, topk), np.float32)
-    case = f"B={batch} S1={seq_q} S2={seq_kv} N1={heads} K={topk} D={d} Dr={dr} float16"
+    case = f"B={batch} S1={seq_q} S2={seq_kv} N1={heads} K={topk} D={d} Dr={dr} {spec.dtype}"
     rows = [Measurement("SparseFlashAttentionGrad", case, "float32 matmul (S1*N1 x Dqk) @ (Dqk x K)", lambda: a @ b,
                         2 * rows_total * dqk * topk, "GFLOP/s", baseline=True)]
     rows += _runtimes("SparseFlashAttentionGrad", case, grad_feeds,

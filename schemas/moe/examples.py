@@ -1,9 +1,14 @@
-"""The MoE unpermute ops' worked examples (spec 3.5), exact in every dtype."""
+"""The MoE unpermute ops' example cases: the worked examples (spec 3.5), exact in every dtype, and
+``MoeCase``, random routed inputs, whose ``BENCH`` instances ``geir bench`` measures."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from ...ir._dtypes import as_dtype
+from ...ir.moe_indices import sorted_indices_from_expert_ids
 from .._examples import Example, register_examples
 from .schema import FORWARD, GRAD
 
@@ -43,3 +48,30 @@ def _examples() -> list[Example]:
 
 
 register_examples(*_examples())
+
+
+@dataclass(frozen=True)
+class MoeCase:
+    """``tokens`` tokens each routed to ``topk`` distinct experts of ``experts`` (uniformly), hidden size
+    ``hidden``: the grad's inputs (the forward takes permuted_tokens, sorted_indices, probs)."""
+
+    tokens: int
+    topk: int
+    hidden: int
+    dtype: str = "float32"
+    experts: int = 64
+    seed: int = 0
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        dt = as_dtype(self.dtype).numpy
+        choice = np.argsort(rng.random((self.tokens, self.experts)), axis=1)[:, :self.topk]   # realistic routing
+        return {"permuted_tokens": rng.standard_normal((self.tokens * self.topk, self.hidden), np.float32).astype(dt),
+                "unpermuted_tokens_grad": rng.standard_normal((self.tokens, self.hidden), np.float32).astype(dt),
+                "sorted_indices": sorted_indices_from_expert_ids(choice),
+                "probs": rng.uniform(0, 1, (self.tokens, self.topk)).astype(dt)}
+
+
+BENCH = {"bench": tuple(MoeCase(8192, 8, 1024, dt) for dt in ("float32", "bfloat16")),
+         "quick": tuple(MoeCase(512, 8, 256, dt) for dt in ("float32", "bfloat16"))}
+"""Benchmark shapes of ``geir bench`` (full and ``--quick``)."""

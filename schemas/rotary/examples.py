@@ -1,9 +1,13 @@
-"""The rotary ops' worked examples (spec 2.5), exact decimal values."""
+"""The rotary ops' example cases: the worked examples (spec 2.5, exact decimal values) and
+``RotaryCase``, random inputs of a shape, whose ``BENCH`` instances ``geir bench`` measures."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from ...ir._dtypes import as_dtype
 from .._examples import Example, register_examples
 from .schema import FORWARD, GRAD
 
@@ -48,3 +52,30 @@ def _examples() -> list[Example]:
 
 
 register_examples(*_examples())
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    """Standard-normal ``x``, ``cos``, ``sin`` for a slice of ``x`` of ``shape`` (tables (1, S, 1, L))."""
+
+    shape: tuple[int, int, int, int]
+    partial_slice: tuple[int, int]
+    dtype: str = "float32"
+    rotary_mode: int = 1
+    seed: int = 0
+
+    def arrays(self, cos_dtype: str | None = None) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        table = (1, self.shape[1], 1, self.partial_slice[1] - self.partial_slice[0])
+        dt, ct = as_dtype(self.dtype).numpy, as_dtype(cos_dtype or self.dtype).numpy
+        return {"x": rng.standard_normal(self.shape, np.float32).astype(dt),
+                "cos": rng.standard_normal(table, np.float32).astype(ct),
+                "sin": rng.standard_normal(table, np.float32).astype(ct)}
+
+    def attributes(self) -> dict:
+        return {"rotary_mode": self.rotary_mode, "partial_slice": list(self.partial_slice)}
+
+
+BENCH = {"bench": (RotaryCase((4, 2048, 32, 128), (0, 128)), RotaryCase((1, 4096, 128, 192), (128, 192), "bfloat16")),
+         "quick": (RotaryCase((1, 64, 32, 128), (0, 128)), RotaryCase((1, 64, 128, 192), (128, 192), "bfloat16"))}
+"""Benchmark shapes of ``geir bench`` (full and ``--quick``): a whole-axis float32 slice, a bfloat16 tail slice."""
