@@ -211,7 +211,8 @@ class GraphBuilder:
                          for s, t in zip(schema.outputs, out_types)]
         node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location)
         node.inferred = (node.inference_key(types), tuple(out_types))   # the build's InferShapes reuses it
-        self._graph.nodes.append(node)
+        self._graph.nodes.append(node)                   # still being built: no guarantees to clear
+        node.graph = self._graph
         for value in node.outputs:
             if value is not None:
                 self._values.add(id(value))

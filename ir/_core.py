@@ -73,7 +73,7 @@ class Value:
 class Node:
     """One operator application. Inputs are an immutable tuple (None for absent optional inputs)."""
 
-    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location", "inferred")
+    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location", "inferred", "graph")
 
     def __init__(
         self,
@@ -93,6 +93,8 @@ class Node:
         self.location = location
         self.inferred: tuple[Any, tuple] | None = None
         """(inference key, output types) of the last time this node's rules ran; see ``inference_key``."""
+        self.graph: Graph | None = None
+        """The graph holding this node (set by ``Graph.append``/``insert_*``, cleared by ``remove``)."""
         self._inputs: tuple[Value | None, ...] = ()
         for i, value in enumerate(inputs):
             self._inputs += (value,)
@@ -107,7 +109,8 @@ class Node:
         return self._inputs
 
     def set_input(self, index: int, value: Value | None) -> None:
-        """Replace input ``index``, keeping both values' use lists right."""
+        """Replace input ``index``, keeping both values' use lists right; the graph holding this node
+        forgets its passes' guarantees (it must be built or verified again before it runs)."""
         old = self._inputs[index]
         if old is not None:
             old._uses.remove((self, index))
@@ -115,6 +118,8 @@ class Node:
             value._uses.append((self, index))
         self._inputs = self._inputs[:index] + (value,) + self._inputs[index + 1 :]
         self.inferred = None
+        if self.graph is not None:
+            self.graph.invalidate()
 
     def inference_key(self, input_types: Sequence[TensorType | None] | None = None) -> tuple:
         """What a node's rules and inference depend on: its input types and attributes (constant
@@ -169,7 +174,7 @@ class Graph:
         self.properties: set[str] = set()
 
     # -- editing (onnx-ir style): every change clears what passes had guaranteed ---------------------
-    # (Node.set_input edits one node and cannot know its graph: call invalidate() after such edits.)
+    # (Node.set_input on a node of this graph does so too; editing attributes in place needs invalidate().)
     def invalidate(self) -> None:
         """Forget the passes' guarantees (``verified``, ``typed``): the graph changed since they ran."""
         self.properties.clear()
@@ -178,6 +183,7 @@ class Graph:
         """Add ``node`` at the end of the node list."""
         self._check_new(node)
         self.nodes.append(node)
+        node.graph = self
         self.invalidate()
         return node
 
@@ -185,6 +191,7 @@ class Graph:
         """Add ``node`` just before ``anchor`` in the node list."""
         self._check_new(node)
         self.nodes.insert(self._position(anchor), node)
+        node.graph = self
         self.invalidate()
         return node
 
@@ -192,6 +199,7 @@ class Graph:
         """Add ``node`` just after ``anchor`` in the node list."""
         self._check_new(node)
         self.nodes.insert(self._position(anchor) + 1, node)
+        node.graph = self
         self.invalidate()
         return node
 
@@ -207,6 +215,7 @@ class Graph:
         for i in range(len(node.inputs)):
             node.set_input(i, None)
         del self.nodes[position]
+        node.graph = None
         self.invalidate()
 
     def _position(self, node: Node) -> int:
@@ -216,8 +225,11 @@ class Graph:
         raise GraphError(f"graph '{self.name}': node '{node.name}' is not in this graph", node=node.name)
 
     def _check_new(self, node: Node) -> None:
-        if any(n is node for n in self.nodes):
+        if node.graph is self or any(n is node for n in self.nodes):
             raise GraphError(f"graph '{self.name}': node '{node.name}' is already in this graph", node=node.name)
+        if node.graph is not None:
+            raise GraphError(f"graph '{self.name}': node '{node.name}' belongs to graph '{node.graph.name}'; "
+                             "remove it there first", node=node.name)
 
     def values(self) -> Iterator[Value]:
         """Every value of the graph: inputs, constants, then node outputs in node order."""

@@ -31,6 +31,7 @@ class EliminateDeadCode(Pass):
         live = live_nodes(graph)
         dead = [n for n in graph.nodes if n not in live]
         for node in dead:
+            node.graph = None                 # detached first: their unlinking changes nothing live
             for i in range(len(node.inputs)):
                 node.set_input(i, None)
         graph.nodes = [n for n in graph.nodes if n in live]

@@ -158,6 +158,24 @@ def test_replace_all_uses_remove_and_insert_edit_a_built_graph():
     np.testing.assert_array_equal(geir.run(built, feeds)["y"].reshape(-1), [4, -2, 8, -6])
 
 
+def test_set_input_on_a_built_graph_clears_its_guarantees_and_a_node_has_one_graph():
+    """An edit through the node itself must not leave a graph that runs as if still verified."""
+    g, x, _ = _chain()
+    first, second = g.node("first"), g.node("second")
+    assert first.graph is g and second.graph is g
+    second.set_input(0, x)
+    assert g.properties == set()
+    with pytest.raises(GraphError, match="is not built"):
+        geir.run(g, {})
+    other = Graph("other")
+    with pytest.raises(GraphError, match="node 'first' belongs to graph 'chain'; remove it there first"):
+        other.append(first)
+    g.remove(first)
+    assert first.graph is None
+    other.append(first)
+    assert first.graph is other
+
+
 def test_a_modifying_pass_keeps_only_what_it_preserves():
     from geir.passes import EliminateDeadCode, FillDefaults, InferShapes, Pass, PassResult
 
