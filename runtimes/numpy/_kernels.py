@@ -7,6 +7,7 @@ itself). They return one array or a tuple in output order.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -23,11 +24,39 @@ KERNELS: dict[tuple[str, str], Kernel] = {}
 
 
 def kernel(schema: OpSchema) -> Callable[[K], K]:
-    """Register the decorated function as the NumPy kernel of ``schema``."""
+    """Register the decorated function as the NumPy kernel of ``schema``.
+
+    Its signature must be the schema's: the inputs positionally, by their GE IR names and in order;
+    every attribute by keyword with the declared default (none where the attribute is required);
+    ``out`` when an output aliases an input. A mismatch is a TypeError at import, so an attribute
+    added to a declaration cannot be forgotten by its kernel."""
     def register(fn: K) -> K:
+        _check_signature(schema, fn)
         register_for(KERNELS, schema, fn, "NumPy kernels")
         return fn
     return register
+
+
+def _check_signature(schema: OpSchema, fn: Kernel) -> None:
+    params = inspect.signature(fn).parameters.values()
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keywords = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    wanted = {a.name: (inspect.Parameter.empty if a.required else a.default) for a in schema.attributes}
+    if any(o.alias is not None for o in schema.outputs):
+        wanted["out"] = None
+    problems = []
+    if positional != list(schema.input_names):
+        problems.append(f"inputs {positional}, expected {list(schema.input_names)}")
+    for name in sorted(set(wanted) | set(keywords)):
+        if name not in keywords:
+            problems.append(f"no keyword '{name}'")
+        elif name not in wanted:
+            problems.append(f"keyword '{name}' is not an attribute of the schema")
+        elif keywords[name] != wanted[name]:
+            shown = "none (required)" if wanted[name] is inspect.Parameter.empty else repr(wanted[name])
+            problems.append(f"'{name}' defaults to {keywords[name]!r}, the declaration to {shown}")
+    if problems:
+        raise TypeError(f"NumPy kernel {fn.__qualname__} of {schema.op_type}: " + "; ".join(problems))
 
 
 def kernel_for(schema: OpSchema) -> Kernel | None:

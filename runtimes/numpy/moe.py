@@ -33,9 +33,14 @@ def _token_blocks(tokens: int, per_token: int) -> list[slice]:
     return [slice(t, min(t + step, tokens)) for t in range(0, tokens, step)]
 
 
+_FORWARD_DEFAULTS = {a.name: a.default for a in schemas.FORWARD.attributes}   # defaults come from the declarations
+_GRAD_DEFAULTS = {a.name: a.default for a in schemas.GRAD.attributes}
+
+
 @kernel(schemas.FORWARD)
 def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray, probs: np.ndarray | None = None,
-                        *, padded_mode: bool = False, restore_shape=()) -> np.ndarray:
+                        *, padded_mode: bool = _FORWARD_DEFAULTS["padded_mode"],
+                        restore_shape: tuple[int, ...] = _FORWARD_DEFAULTS["restore_shape"]) -> np.ndarray:
     """``out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]]``, summed in k order.
 
     Slots whose row is ``>= len(permuted_tokens)`` are dropped; with probs, zero weights are
@@ -73,7 +78,9 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
 @kernel(schemas.GRAD)
 def moe_token_unpermute_grad(permuted_tokens: np.ndarray | None, unpermuted_tokens_grad: np.ndarray,
                              sorted_indices: np.ndarray, probs: np.ndarray | None = None, *,
-                             padded_mode: bool = False, restore_shape=(1, 1)) -> tuple[np.ndarray, np.ndarray]:
+                             padded_mode: bool = _GRAD_DEFAULTS["padded_mode"],
+                             restore_shape: tuple[int, ...] = _GRAD_DEFAULTS["restore_shape"]
+                             ) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(permuted_tokens_grad, probs_grad)``.
 
     ``permuted_tokens_grad[s[t*K+k]] = rnd(dY[t] * probs[t, k])`` (a bit copy of dY without

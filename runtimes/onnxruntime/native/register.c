@@ -38,6 +38,13 @@ static const char* op_name(const OrtCustomOp* op) {
                                 "MoeTokenUnpermuteGrad"};
   return names[((const GeirOp*)op)->kind];
 }
+/* The attributes each kind's kernel honours, compared with the schemas' by a test, so an attribute added
+ * to a schema and forgotten here fails that test instead of being ignored silently. MoE's padded_mode is
+ * honoured by refusal: the rules reject True before any session exists, so only False reaches a kernel;
+ * restore_shape is ignored by the contract (spec 3, MU-S3). */
+static const char* const kind_attributes[] = {"rotary_mode,partial_slice", "rotary_mode,partial_slice",
+                                              "padded_mode,restore_shape", "padded_mode,restore_shape"};
+
 static const char* provider(const OrtCustomOp* op) { return "CPUExecutionProvider"; }
 static int in_type(const OrtCustomOp* op, size_t i) { return ((const GeirOp*)op)->in_types[i]; }
 static size_t in_count(const OrtCustomOp* op) { return (size_t)((const GeirOp*)op)->n_in; }
@@ -173,10 +180,16 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
 }
 
 /* The registered table, for the test that compares it with the schemas' dtype combinations:
- * entry i's op name, input and output element types (ONNX TensorProto codes) and optional-input mask. */
+ * entry i's op name, input and output element types (ONNX TensorProto codes) and optional-input mask, and
+ * (geir_op_attributes) the comma-separated attributes its kernel honours. */
 int geir_op_count(void) {
   declare_ops();
   return g_op_count;
+}
+
+const char* geir_op_attributes(int i) {
+  declare_ops();
+  return i < 0 || i >= g_op_count ? NULL : kind_attributes[g_ops[i].kind];
 }
 
 int geir_op_entry(int i, const char** name, int* in_types, int* n_in, int* out_types, int* n_out, int* optional) {

@@ -194,3 +194,19 @@ def test_the_native_dtype_table_is_the_schemas():
     for op, combos in registered.items():
         legal = set(get_schema(op).type_combinations)
         assert combos == legal, (op, sorted(map(str, combos - legal)), sorted(map(str, legal - combos)))
+
+
+def test_the_native_kernels_honour_every_attribute_of_their_schema():
+    """An attribute added to a schema and not read by its C kernel would be ignored silently."""
+    from geir.schemas import get_schema
+
+    lib = ctypes.CDLL(native_library())
+    lib.geir_op_entry.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)] + [ctypes.c_void_p] * 5
+    lib.geir_op_attributes.restype = ctypes.c_char_p
+    for i in range(lib.geir_op_count()):
+        name, scratch = ctypes.c_char_p(), (ctypes.c_int * 8)()
+        lib.geir_op_entry(i, ctypes.byref(name), scratch, scratch, scratch, scratch, scratch)
+        honoured = set(lib.geir_op_attributes(i).decode().split(","))
+        declared = {a.name for a in get_schema(name.value.decode()).attributes}
+        assert honoured == declared, (name.value, sorted(declared - honoured))
+    assert lib.geir_op_attributes(lib.geir_op_count()) is None
