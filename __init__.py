@@ -6,6 +6,8 @@ them against a device with ``check``. See the project README for a tour.
 
 from __future__ import annotations
 
+import sys
+
 from .ir._dtypes import DType, as_dtype
 from .ir._errors import ExecutionError, GeirWarning, GraphError, SourceLocation
 from .ir._types import Dim, SymbolTable, TensorType
@@ -14,11 +16,13 @@ from .ir._builder import GraphBuilder
 from .ir._api import check, run
 from .ir._onnx_export import save_onnx, to_onnx
 from .ir._onnx_import import from_onnx, load_onnx
-from .ir import moe_indices
+from .ir import ge, moe_indices
 
 from .ir._onnx_schemas import register_onnx_schemas
 
 register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops once geir is imported
+
+sys.modules.setdefault(__name__ + ".ge", ge)   # ``import geir.ge`` as well as ``from geir import ge``
 
 float32 = DType.FLOAT32
 float16 = DType.FLOAT16
@@ -47,6 +51,7 @@ __all__ = [
     "float16",
     "float32",
     "from_onnx",
+    "ge",
     "int32",
     "int64",
     "load_onnx",

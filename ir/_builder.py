@@ -19,7 +19,7 @@ from ..schemas import InferContext, OpSchema, all_schemas, get_schema
 from ..schemas.standard import variadic_output_count
 from ._core import CANN_DOMAIN, Graph, Node, Value
 from ._dtypes import DTypeLike
-from ._errors import GeirWarning, GraphError, user_location
+from ._errors import GeirWarning, GraphError, SourceLocation, user_location
 from ._types import TensorType
 
 __all__ = ["GraphBuilder"]
@@ -156,18 +156,21 @@ class GraphBuilder:
         return sorted(set(super().__dir__()) | {s.op_type for s in all_schemas()})
 
     def add_node(self, schema: OpSchema, inputs: list[Value | None], attributes: dict[str, Any] | None = None,
-                 name: str | None = None, output_names: list[str] | None = None) -> OpResult:
+                 name: str | None = None, output_names: list[str] | None = None,
+                 location: SourceLocation | None = None) -> OpResult:
         """Add a node of ``schema`` (from ``geir.schemas.get_schema``): the call every frontend uses.
 
         ``inputs`` are positional (None for an absent optional input); ``output_names`` keeps given
-        value names (an importer's), "" marking an absent optional output.
+        value names (an importer's), "" marking an absent optional output; ``location`` is where the
+        user created the node (default: the calling line outside geir).
         """
-        return self._add(schema, list(inputs), {}, dict(attributes or {}), name, output_names)
+        return self._add(schema, list(inputs), {}, dict(attributes or {}), name, output_names, location)
 
     def _add(self, schema: OpSchema, positional: list[Any], named_inputs: dict[str, Any],
-             attributes: dict[str, Any], name: str | None, output_names: list[str] | None = None) -> OpResult:
+             attributes: dict[str, Any], name: str | None, output_names: list[str] | None = None,
+             location: SourceLocation | None = None) -> OpResult:
         self._check_open()
-        location = user_location()
+        location = location or user_location()
         if name is None:
             n = self._counts.get(schema.op_type, 0)
             while f"{schema.op_type}_{n}" in self._node_names:
