@@ -8,6 +8,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from ._dot import graph_to_dot, render
 from ._errors import GraphError, SourceLocation
 from ._types import SymbolTable, TensorType
 
@@ -264,6 +265,17 @@ class Graph:
             return list(nx.lexicographical_topological_sort(dag, key=position.__getitem__))
         names = " -> ".join(f"'{u.name}'" for u, _ in cycle) + f" -> '{cycle[0][0].name}'"
         raise GraphError(f"graph '{self.name}' has a cycle: {names}")
+
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text (``geir show --format dot``): typed edges, one box per node."""
+        return graph_to_dot(self)
+
+    def _repr_svg_(self) -> str | None:
+        """The picture in a notebook when Graphviz is installed (None: the notebook shows the text)."""
+        try:
+            return render(self, "svg").decode()
+        except GraphError:
+            return None
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}(" + ", ".join(f"{v.name}: {v.type}" for v in self.inputs) + ") {"]

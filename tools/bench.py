@@ -23,8 +23,11 @@ from ..schemas.moe.examples import MoeCase
 from ..schemas.rotary.examples import RotaryCase
 
 from ._table import format_table
+from .model_io import CommandError
 
-HEADERS = ("op", "case", "implementation", "ms", "throughput", "vs baseline")
+HEADERS = ("op", "case", "implementation", "ms", "throughput", "vs baseline", "target")
+NATIVE_TARGET = 1.3
+"""The stated target of the native memory-bound grad kernels: at most this many times a copy of their bytes."""
 
 
 def best_time(fn: Callable[[], object], repeat: int) -> float:
@@ -54,6 +57,7 @@ class Measurement:
     work: float                     # bytes moved or flops
     unit: str                       # "GB/s" or "GFLOP/s"
     baseline: bool = False
+    target: float | None = None     # the most this may cost, as a multiple of the baseline
 
 
 def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
@@ -66,11 +70,14 @@ def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], out
     return get_runtime(runtime).compile(b.build())
 
 
-def _runtimes(op: str, case: str, feeds, outputs, work: float, unit: str, name: str, **attrs) -> list[Measurement]:
+def _runtimes(op: str, case: str, feeds, outputs, work: float, unit: str, name: str, target: float | None = None,
+              **attrs) -> list[Measurement]:
+    """One measurement per runtime; ``target`` applies to the onnxruntime one (the native kernels)."""
     rows = []
     for runtime in runtime_names():
         executable = _compile(runtime, name, op, feeds, outputs, **attrs)
-        rows.append(Measurement(op, case, f"geir {runtime}", lambda e=executable: e.run(feeds), work, unit))
+        rows.append(Measurement(op, case, f"geir {runtime}", lambda e=executable: e.run(feeds), work, unit,
+                                target=target if runtime == "onnxruntime" else None))
     return rows
 
 
@@ -117,7 +124,7 @@ def _rotary_case(spec: RotaryCase) -> list[Measurement]:
     case = f"{list(spec.shape)} {spec.dtype} slice {list(pslice)}"
     op = "InplacePartialRotaryMulGrad"
     rows = [Measurement(op, case, "np.copyto(dy)", lambda: np.copyto(dst, dy), moved, "GB/s", baseline=True)]
-    rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", **spec.attributes())
+    rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", target=NATIVE_TARGET, **spec.attributes())
     rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_rotary_grad(*feeds.values(), *pslice),
                             moved, "GB/s"))
     if torch is not None:
@@ -166,7 +173,8 @@ def _moe_case(spec: MoeCase) -> list[Measurement]:
                         baseline=True),
             Measurement(op, case, "same, into a fresh buffer", lambda: np.copyto(np.empty_like(src), src), moved,
                         "GB/s")]
-    rows += _runtimes(op, case, feeds, ("permuted_tokens_grad", "probs_grad"), moved, "GB/s", "moe_grad")
+    rows += _runtimes(op, case, feeds, ("permuted_tokens_grad", "probs_grad"), moved, "GB/s", "moe_grad",
+                      target=NATIVE_TARGET)
     rows.append(Measurement(op, case, "naive NumPy formula", lambda: naive_moe_grad(*feeds.values()), moved, "GB/s"))
     if torch is not None:
         t_args = [_as_torch(torch, a) for a in feeds.values()]
@@ -244,13 +252,18 @@ SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements}
 
 
-def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None) -> str:
-    """Measure the suites, with a progress bar on ``progress`` (default: stderr); return one table."""
+def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None, plot: str | None = None) -> str:
+    """Measure the suites, with a progress bar on ``progress`` (default: stderr); return one table (and with
+    ``plot``, draw the ratios to that PNG file; matplotlib is checked for before anything runs)."""
+    if plot is not None:
+        _pyplot()
     progress = sys.stderr if progress is None else progress
     plan: list[Measurement] = []
     for name in names:
         plan += SUITES[name](quick)
-    rows, baseline = [], None
+    times: list[float] = []
+    baseline: tuple[str, float] | None = None
+    ratios: list[float | None] = []
     for i, m in enumerate(plan, 1):
         if progress is not None:
             done = int(30 * i / len(plan))
@@ -259,14 +272,60 @@ def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progr
         t = best_time(m.fn, repeat)
         if m.baseline:
             baseline = (m.case, t)
-        ratio = f"{t / baseline[1]:.2f}x" if baseline is not None and baseline[0] == m.case else "-"
-        rows.append((m.op, m.case, m.name, f"{t * 1e3:.2f}", f"{m.work / t / 1e9:.2f} {m.unit}", ratio))
+        times.append(t)
+        ratios.append(t / baseline[1] if baseline is not None and baseline[0] == m.case else None)
     if progress is not None:
         progress.write("\n")
+    torch_time = {(m.op, m.case): t for m, t in zip(plan, times) if m.name == "PyTorch eager"}
+    rows = []
+    for m, t, ratio in zip(plan, times, ratios):
+        rows.append((m.op, m.case, m.name, f"{t * 1e3:.2f}", f"{m.work / t / 1e9:.2f} {m.unit}",
+                     "-" if ratio is None else f"{ratio:.2f}x", _target_mark(m, ratio, t, torch_time.get((m.op, m.case)))))
     from ..runtimes.onnxruntime import native_status
 
     notes = [f"onnxruntime: {native_status()}",
              "PyTorch eager: " + ("torch " + _torch().__version__ if _torch() is not None else "not installed"),
              "vs baseline: np.copyto of the same bytes (memory-bound ops) or the float32 matmul (attention); "
-             "targets: native rotary/MoE grad <= 1.3x copy, faster than PyTorch eager"]
+             f"target: native rotary/MoE grad <= {NATIVE_TARGET}x copy and faster than PyTorch eager"]
+    if plot is not None:
+        _draw(plot, [(f"{m.op} {m.case}\n{m.name}", r) for m, r in zip(plan, ratios) if r is not None and not m.baseline])
+        notes.append(f"plot: {plot}")
     return "\n".join(notes) + "\n" + format_table(HEADERS, rows)
+
+
+def _target_mark(m: Measurement, ratio: float | None, t: float, torch_t: float | None) -> str:
+    """'met' or 'MISSED' for a measurement with a stated target (both parts of it), '-' otherwise."""
+    if m.target is None or ratio is None:
+        return "-"
+    parts = [f"{'met' if ratio <= m.target else 'MISSED'} (<= {m.target}x)"]
+    if torch_t is not None:
+        parts.append(f"{'met' if t < torch_t else 'MISSED'} (faster than PyTorch)")
+    return ", ".join(parts)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CommandError("--plot needs matplotlib: pip install matplotlib (or pip install -e \".[plot]\")") from None
+    return plt
+
+
+def _draw(path: str, bars: list[tuple[str, float]]) -> None:
+    """A horizontal bar per measurement: its time as a multiple of its case's baseline (log scale)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, max(3, 0.32 * len(bars))))
+    ax.barh(range(len(bars)), [r for _, r in bars], color="#4C72B0")
+    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(NATIVE_TARGET, color="#C44E52", linewidth=0.8, linestyle="--", label=f"target {NATIVE_TARGET}x")
+    ax.set_xlabel("time / baseline (copy of the same bytes, or the float32 matmul)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

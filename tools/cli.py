@@ -1,4 +1,8 @@
-"""The ``geir`` command line."""
+"""The ``geir`` command line: ``demo``, ``bench``, ``run``, ``check``, ``show``, ``example``.
+
+Exit status: 0 done; 1 a demo case or example failed, or ``check`` found a violated restriction;
+2 a bad argument, file or input (one line on stderr, no traceback).
+"""
 
 from __future__ import annotations
 
@@ -6,33 +10,92 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..ir._errors import ExecutionError, GraphError
 from ..runtimes import runtime_names
+from .model_io import CommandError
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("geir")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geir", description="Graph IR compiler and executor for CANN "
                                      "ops-transformer training operators.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run the spec's graph-mode examples and compare with expected values")
+    parser.add_argument("--version", action="version", version=f"geir {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="run the contract's worked examples on both runtimes and compare")
     demo.add_argument("--runtime", choices=runtime_names(), default=None,
                       help="run on one runtime only (default: both, side by side)")
-    bench = commands.add_parser("bench", help="benchmark every op on both runtimes against copy bandwidth, a matmul, "
-                                 "plain NumPy and PyTorch eager")
+    bench = commands.add_parser("bench", help="benchmark every op against copy bandwidth, a matmul, NumPy, PyTorch")
     bench.add_argument("suite", nargs="*", help="suites to run (default: all): rotary, moe, sfa")
     bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     bench.add_argument("--repeat", type=int, default=5, help="timed repetitions; the best is reported")
+    bench.add_argument("--plot", metavar="FILE.png", help="also draw the ratios as a bar chart (needs matplotlib)")
+    run = commands.add_parser("run", help="run a saved ONNX model on given or random feeds")
+    run.add_argument("model", help="the .onnx file")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="one input from a .npy")
+    run.add_argument("--feeds", metavar="FILE.npz", help="inputs from an .npz (array names = input names)")
+    run.add_argument("--random", action="store_true", help="random values for inputs not given (ints: zeros)")
+    run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim")
+    run.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    run.add_argument("--runtime", choices=runtime_names(), default="numpy")
+    run.add_argument("--output", metavar="FILE.npz", help="write the outputs to an .npz")
+    run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs (min and median)")
+    chk = commands.add_parser("check", help="check a saved model against a device's restrictions (exit 1 if violated)")
+    chk.add_argument("model", help="the .onnx file")
+    chk.add_argument("--target", required=True, help="ascend910b, ascend910_93, ascend950 or all")
+    show = commands.add_parser("show", help="print a saved model as text, or draw it (dot, svg, png)")
+    show.add_argument("model", help="the .onnx file")
+    show.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text")
+    show.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of printing")
+    example = commands.add_parser("example", help="run the geir.ge ports of CANN's graph-mode examples")
+    example.add_argument("name", nargs="?", default="all", help="an example name or all (default)")
+    example.add_argument("--runtime", choices=runtime_names(), default="numpy")
+    example.add_argument("--dump", metavar="DIR", help="also write each graph there (aclgrphDumpGraph)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(parser, args)
+    except (CommandError, GraphError, ExecutionError) as exc:
+        from .commands import describe_failure
+
+        print(describe_failure(exc) if not isinstance(exc, CommandError) else f"geir {args.command}: {exc}",
+              file=sys.stderr)
+        return 2
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from . import commands
 
     if args.command == "demo":
         from .demo import run_demo
 
         return 1 if run_demo(args.runtime) else 0
+    if args.command == "run":
+        return commands.run_model(args.model, args.input, args.feeds, args.random, args.dim, args.runtime,
+                                  args.output, args.repeat, args.seed)
+    if args.command == "check":
+        return commands.check_model(args.model, args.target)
+    if args.command == "show":
+        return commands.show_model(args.model, args.format, args.output)
+    if args.command == "example":
+        return commands.run_example(args.name, args.runtime, args.dump)
     from .bench import SUITES, run_benchmarks
 
     unknown = [s for s in args.suite if s not in SUITES]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")
-    print(run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat))
+    print(run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat, plot=args.plot))
     return 0
 
 

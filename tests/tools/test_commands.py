@@ -1,0 +1,166 @@
+"""``geir run``, ``check``, ``show``, ``example``, ``--version`` and ``python -m geir``: end to end in a subprocess
+on saved models (outputs compared with ``geir.run``), and every bad path, feed and target."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import geir
+from geir.tools.cli import main
+from helpers import ROPE_GRAD, moe_graph, rotary_graph
+
+ROOT = Path(__file__).parents[2]
+
+
+def _geir(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "geir", *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def rope_model(tmp_path):
+    graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "bfloat16", "float32", rotary_mode=1,
+                         partial_slice=[4, 12])
+    path = tmp_path / "rope_grad.onnx"
+    geir.save_onnx(graph, str(path))
+    return graph, path
+
+
+def test_version_help_and_python_dash_m():
+    result = _geir("--version")
+    assert result.returncode == 0 and result.stdout.strip() == "geir 0.1.0"
+    result = _geir("--help")
+    assert result.returncode == 0
+    for command in ("demo", "bench", "run", "check", "show", "example"):
+        assert f"    {command}" in result.stdout, command
+
+
+def test_run_writes_what_geir_run_computes(rope_model, tmp_path):
+    graph, model = rope_model
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((3, 4, 2, 16)).astype(ml_dtypes.bfloat16),
+             "cos": rng.standard_normal((1, 4, 1, 8)).astype(np.float32),
+             "sin": rng.standard_normal((1, 4, 1, 8)).astype(np.float32)}
+    np.savez(tmp_path / "feeds.npz", x=feeds["x"].astype(np.float32), cos=feeds["cos"])   # bfloat16 as exact float32
+    np.save(tmp_path / "sin.npy", feeds["sin"])
+    result = _geir("run", str(model), "--feeds", str(tmp_path / "feeds.npz"), "--input", f"sin={tmp_path / 'sin.npy'}",
+                   "--output", str(tmp_path / "out.npz"), "--repeat", "3", "--runtime", "onnxruntime")
+    assert result.returncode == 0, result.stderr
+    assert "y  bfloat16  [3, 4, 2, 16]" in result.stdout and "3 runs: min" in result.stdout
+    assert "bfloat16 stored as float32: y" in result.stdout
+    want = geir.run(graph, feeds)["y"].astype(np.float32)
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], want)
+
+
+def test_run_random_feeds_take_symbolic_sizes_from_dim(rope_model):
+    _, model = rope_model
+    result = _geir("run", str(model), "--random", "--dim", "B=5")
+    assert result.returncode == 0, result.stderr
+    assert "[5, 4, 2, 16]" in result.stdout and "min " in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "MISSING.onnx", "--random"], "geir run: model 'MISSING.onnx': no such file"),
+    (["run", "{model}", "--random"], "input 'x' has the symbolic dim 'B': give its size with --dim B=SIZE"),
+    (["run", "{model}"], "no feed for input(s) x, cos, sin: give --input NAME=FILE.npy, --feeds FILE.npz or --random"),
+    (["run", "{model}", "--random", "--dim", "B"], "--dim 'B': expected NAME=VALUE"),
+    (["run", "{model}", "--random", "--dim", "B=-1"], "--dim B=-1: expected a size >= 0"),
+    (["run", "{model}", "--random", "--dim", "B=2", "--input", "z={tmp}/a.npy"], "--input z: not an input of the model"),
+    (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}/pickle.npy"], "not a NumPy .npy array without pickles"),
+    (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}/int.npy"],
+     "input 'cos': expected float32 (as the model declares), got int64"),
+    (["run", "{model}", "--random", "--dim", "B=2", "--feeds", "{tmp}/int.npy"], "not a NumPy .npz archive"),
+    (["run", "{model}", "--random", "--dim", "B=2", "--input", "x={tmp}/inexact.npy"], "not all bfloat16 values"),
+    (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}"], "is not a regular file"),
+    (["run", "{tmp}/int.npy", "--random"], "model '{tmp}/int.npy': "),
+    (["check", "{model}", "--target", "ascend310"], "--target 'ascend310': expected one of ascend910b, ascend910_93, "
+                                                    "ascend950 or all"),
+    (["example", "nope"], "example 'nope': expected one of inplace_partial_rotary_mul"),
+])
+def test_bad_paths_feeds_and_targets_exit_2_with_one_line(rope_model, tmp_path, capsys, args, message):
+    _, model = rope_model
+    np.save(tmp_path / "int.npy", np.arange(8))
+    np.save(tmp_path / "a.npy", np.zeros(3, np.float32))
+    np.save(tmp_path / "pickle.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "inexact.npy", np.full((2, 4, 2, 16), 0.1, np.float32))
+    fill = lambda s: s.replace("{model}", str(model)).replace("{tmp}", str(tmp_path))  # noqa: E731
+    assert main([fill(a) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert fill(message) in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_bad_feed_value_is_a_run_error_naming_the_node(tmp_path, capsys):
+    graph = moe_graph(4, 8, 4)
+    model = tmp_path / "moe.onnx"
+    geir.save_onnx(graph, str(model))
+    assert main(["run", str(model), "--random"]) == 2        # zeros are not a permutation
+    err = capsys.readouterr().err
+    assert err.startswith("geir: run error: ") and "sorted_indices" in err
+
+
+def test_check_exit_status_says_whether_the_device_accepts_it(rope_model, tmp_path):
+    _, model = rope_model
+    result = _geir("check", str(model), "--target", "ascend910b")
+    assert result.returncode == 1 and "[RP-T1]" in result.stdout
+    result = _geir("check", str(model), "--target", "all")
+    assert result.returncode == 1 and result.stdout.count("graph 'g' on ") == 3
+    ok = rotary_graph(ROPE_GRAD, (1, 4, 2, 16), (1, 4, 1, 8), "float16", rotary_mode=1, partial_slice=[0, 8])
+    geir.save_onnx(ok, str(tmp_path / "ok.onnx"))
+    result = _geir("check", str(tmp_path / "ok.onnx"), "--target", "ascend950")
+    assert result.returncode == 0 and "ok (no restriction violated)" in result.stdout
+
+
+def test_show_text_dot_and_pictures(rope_model, tmp_path, capsys):
+    graph, model = rope_model
+    result = _geir("show", str(model))
+    assert result.returncode == 0 and result.stdout.startswith("graph g(x: bfloat16[B,4,2,16]")
+    assert main(["show", str(model), "--format", "dot", "-o", str(tmp_path / "g.dot")]) == 0
+    dot = (tmp_path / "g.dot").read_text()
+    assert dot.startswith('digraph "g" {') and "ai.cann::InplacePartialRotaryMulGrad" in dot and "x: bfloat16[B,4,2,16]" in dot
+    capsys.readouterr()
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    os.environ["PATH"], saved = str(empty), os.environ["PATH"]
+    try:
+        assert main(["show", str(model), "--format", "svg", "-o", str(tmp_path / "g.svg")]) == 2
+        assert "needs Graphviz's 'dot' on PATH" in capsys.readouterr().err
+        assert geir.load_onnx(str(model))._repr_svg_() is None
+        fake = empty / "dot"                     # a stand-in Graphviz: proves the plumbing, not Graphviz
+        fake.write_text("#!/bin/sh\nread -r first\necho \"<svg><!-- $1 $first --></svg>\"\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+        assert main(["show", str(model), "--format", "svg", "-o", str(tmp_path / "g.svg")]) == 0
+        assert (tmp_path / "g.svg").read_text().startswith('<svg><!-- -Tsvg digraph "g" {')
+        assert main(["show", str(model), "--format", "png"]) == 2
+        assert "--format png writes a file: give -o FILE.png" in capsys.readouterr().err
+    finally:
+        os.environ["PATH"] = saved
+
+
+def test_example_command_runs_the_ge_ports(tmp_path):
+    result = _geir("example", "all", "--dump", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("[XIR]: Session run ir compute graph success") == 4
+    assert (tmp_path / "sparse_flash_attention.onnx").exists() and (tmp_path / "moe_token_unpermute_grad.txt").exists()
+
+
+def test_bench_plot_says_what_it_needs(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["bench", "moe", "--quick", "--plot", "x.png"]) == 2
+    assert "--plot needs matplotlib: pip install matplotlib" in capsys.readouterr().err
+
+
+def test_bench_marks_each_target_and_draws_the_ratios(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the drawing needs the optional matplotlib (pip install -e '.[plot]')")
+    assert main(["bench", "moe", "--quick", "--repeat", "1", "--plot", str(tmp_path / "ratios.png")]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "geir onnxruntime" in line and line.startswith("MoeTokenUnpermuteGrad")]
+    assert len(rows) == 2 and all(("met (<= 1.3x)" in r or "MISSED (<= 1.3x)" in r) for r in rows)
+    assert (tmp_path / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,127 @@
+"""What the ``geir`` commands do (``run``, ``check``, ``show``, ``example``), apart from argument parsing.
+
+Each returns the exit status: 0 done, 1 the model broke a device restriction (``check``) or an
+example failed, and raises ``CommandError`` (exit status 2) for a bad argument or input.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..ir._api import check
+from ..ir._core import Graph
+from ..ir._dot import render
+from ..ir._errors import ExecutionError, GraphError
+from ..ir._onnx_import import load_onnx
+from ..runtimes import get_runtime
+from ..schemas.targets import TARGETS
+from .model_io import CommandError, load_feeds, parse_assignments, save_outputs
+
+__all__ = ["check_model", "load_model", "run_example", "run_model", "show_model"]
+
+
+def load_model(path: str) -> Graph:
+    """The geir graph of an ONNX file; a missing or bad file is a CommandError naming it."""
+    if not Path(path).exists():
+        raise CommandError(f"model {path!r}: no such file")
+    try:
+        return load_onnx(path)
+    except GraphError as exc:
+        raise CommandError(f"model {path!r}: {exc}") from None
+
+
+def _summary(array: np.ndarray) -> str:
+    if array.size == 0:
+        return "empty"
+    values = array.astype(np.float64)
+    finite = np.isfinite(values)
+    text = f"min {np.min(values):.6g}  max {np.max(values):.6g}  mean {np.mean(values):.6g}"
+    if not finite.all():
+        text += f"  ({int((~finite).sum())} not finite)"
+    return text
+
+
+def run_model(model: str, inputs: Sequence[str], feeds_file: str | None, random: bool, dims: Sequence[str],
+              runtime: str, output: str | None, repeat: int, seed: int) -> int:
+    graph = load_model(model)
+    feeds = load_feeds(graph, parse_assignments(inputs, "--input"), feeds_file, random,
+                       parse_assignments(dims, "--dim"), seed)
+    if repeat < 0:
+        raise CommandError(f"--repeat {repeat}: expected a count >= 0")
+    executable = get_runtime(runtime).compile(graph)
+    results = executable.run(feeds)
+    print(f"model {model!r} on {runtime}:")
+    width = max(len(n) for n in results)
+    for name, array in results.items():
+        print(f"  {name:<{width}}  {str(array.dtype):<8}  {str(list(array.shape)):<20}  {_summary(array)}")
+    if repeat:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            executable.run(feeds)
+            times.append(time.perf_counter() - start)
+        print(f"  {repeat} runs: min {min(times) * 1e3:.3f} ms, median {statistics.median(times) * 1e3:.3f} ms")
+    if output is not None:
+        widened = save_outputs(output, results)
+        print(f"  outputs written to {output}" + (f" (bfloat16 stored as float32: {', '.join(widened)})"
+                                                   if widened else ""))
+    return 0
+
+
+def check_model(model: str, target: str) -> int:
+    graph = load_model(model)
+    targets = list(TARGETS) if target == "all" else [target]
+    if target != "all" and target not in TARGETS:
+        raise CommandError(f"--target {target!r}: expected one of {', '.join(TARGETS)} or all")
+    failed = False
+    for name in targets:
+        report = check(graph, name)
+        print(report)
+        failed |= not report.ok
+    return 1 if failed else 0
+
+
+def show_model(model: str, fmt: str, output: str | None) -> int:
+    graph = load_model(model)
+    if fmt in ("svg", "png"):
+        try:
+            picture = render(graph, fmt)
+        except GraphError as exc:
+            raise CommandError(str(exc)) from None
+        if output is None:
+            raise CommandError(f"--format {fmt} writes a file: give -o FILE.{fmt}")
+        Path(output).write_bytes(picture)
+        print(f"wrote {output}")
+        return 0
+    text = graph.to_dot() if fmt == "dot" else str(graph) + "\n"
+    if output is None:
+        print(text, end="")
+    else:
+        Path(output).write_text(text)
+        print(f"wrote {output}")
+    return 0
+
+
+def run_example(name: str, runtime: str, dump: str | None) -> int:
+    from .ge_examples import EXAMPLES
+
+    names = sorted(EXAMPLES) if name == "all" else [name]
+    if name != "all" and name not in EXAMPLES:
+        raise CommandError(f"example {name!r}: expected one of {', '.join(sorted(EXAMPLES))} or all")
+    failed = 0
+    for each in names:
+        print(f"== {each} ({runtime})")
+        run = EXAMPLES[each](runtime=runtime, dump=None if dump is None else str(Path(dump) / each), echo=True)
+        failed += run.status != 0
+    return 1 if failed else 0
+
+
+def describe_failure(exc: Exception) -> str:
+    """One line for an error a command met in the user's model or data."""
+    kind = {GraphError: "graph error", ExecutionError: "run error"}.get(type(exc), type(exc).__name__)
+    return f"geir: {kind}: {exc}"
