@@ -22,7 +22,10 @@ from .ir._onnx_schemas import register_onnx_schemas
 
 register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops once geir is imported
 
+from .tools import testing
+
 sys.modules.setdefault(__name__ + ".ge", ge)   # ``import geir.ge`` as well as ``from geir import ge``
+sys.modules.setdefault(__name__ + ".testing", testing)
 
 float32 = DType.FLOAT32
 float16 = DType.FLOAT16
@@ -58,5 +61,6 @@ __all__ = [
     "moe_indices",
     "run",
     "save_onnx",
+    "testing",
     "to_onnx",
 ]

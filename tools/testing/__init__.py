@@ -1,0 +1,15 @@
+"""``geir.testing``: what CANN's operator tests check, as a library.
+
+``assert_close`` applies CANN's precision standards by their names; ``reference`` computes the
+float64 golden of any graph; ``run_all_runtimes`` runs every runtime and asserts they agree. The
+pytest plugin (``geir.tools.testing.pytest_plugin``, registered through ``pytest11``) adds the
+``geir_runtime`` fixture and the ``--geir-runtime`` option.
+"""
+
+from __future__ import annotations
+
+from ._compare import STANDARDS, assert_close, precision_standard
+from ._reference import reference
+from ._runtimes import BIT_EXACT_OPS, run_all_runtimes
+
+__all__ = ["BIT_EXACT_OPS", "STANDARDS", "assert_close", "precision_standard", "reference", "run_all_runtimes"]

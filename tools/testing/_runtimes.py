@@ -1,0 +1,36 @@
+"""``run_all_runtimes``: every available runtime on the same feeds, asserted to agree."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ...ir._core import Graph
+from ...runtimes import get_runtime, runtime_names
+from ...schemas import rotary
+from ._compare import assert_close
+
+__all__ = ["BIT_EXACT_OPS", "run_all_runtimes"]
+
+BIT_EXACT_OPS = frozenset({(rotary.FORWARD.domain, rotary.FORWARD.op_type), (rotary.GRAD.domain, rotary.GRAD.op_type)})
+"""Graphs of only these ops give the same bits on every runtime (the README's promise)."""
+
+
+def run_all_runtimes(graph: Graph, feeds: Mapping[str, np.ndarray], *, standard: str = "precision_standard",
+                     compute_count: int = 0) -> dict[str, np.ndarray]:
+    """Run ``graph`` on every runtime, assert that each agrees with the first (bit for bit for a graph of
+    rotary ops only, else within ``standard``), and return the first runtime's outputs."""
+    names = runtime_names()
+    results = {name: get_runtime(name).compile(graph).run(feeds) for name in names}
+    exact = all((n.domain, n.op_type) in BIT_EXACT_OPS for n in graph.nodes)
+    first = results[names[0]]
+    for name in names[1:]:
+        for output, want in first.items():
+            got = results[name][output]
+            if want.dtype.kind not in "fV" and want.dtype.name != "bfloat16":
+                np.testing.assert_array_equal(got, want, err_msg=f"{output} on {name} vs {names[0]}")
+                continue
+            assert_close(got, want, standard="bit_exact" if exact else standard, compute_count=compute_count,
+                         name=f"output '{output}' on {name} vs {names[0]}")
+    return first
