@@ -199,9 +199,50 @@ def sfa_graph_cases() -> list[DemoCase]:
     return cases
 
 
+def _sfa_paged_graph(layout: str, dtype: str) -> Builder:
+    """Spec 4.9 E1 read through a paged KV cache (4.11): E1's four keys live on page 2 of a 3-page cache
+    (TND: a second batch's copy on page 0), the other rows noise, the table padded with -1."""
+    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+        np_dt = geir.as_dtype(dtype).numpy
+        rng = np.random.default_rng(0)
+        keys, values = E1_KEY.reshape(4, 1, 4), E1_VALUE.reshape(4, 1, 4)
+        key_cache = rng.standard_normal((3, 16, 1, 4))
+        value_cache = rng.standard_normal((3, 16, 1, 4))
+        batches = 1 if layout == "BSND" else 2
+        pages = [2] if layout == "BSND" else [2, 0]
+        for page in pages:
+            key_cache[page, :4], value_cache[page, :4] = keys, values
+        feeds = {"query": np.ones((1, 1, 2, 4) if layout == "BSND" else (2, 2, 4), np_dt),
+                 "key": key_cache.astype(np_dt), "value": value_cache.astype(np_dt),
+                 "sparse_indices": np.tile([0, 2, -1, -1], batches).reshape(
+                     (1, 1, 1, 4) if layout == "BSND" else (2, 1, 4)).astype(np.int32),
+                 "block_table": np.array([[p, -1] for p in pages], np.int32),
+                 "actual_seq_lengths_kv": np.full(batches, 4, np.int32)}
+        if layout == "TND":
+            feeds["actual_seq_lengths_query"] = np.array([1, 2], np.int32)
+        b = geir.GraphBuilder(f"sfa_paged_{layout.lower()}")
+        inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}
+        out, _, _ = b.SparseFlashAttention(**inputs, scale_value=0.5, sparse_mode=0, layout_query=layout,
+                                           layout_kv="PA_BSND")
+        b.output(out, "attention_out")
+        return b.build(), feeds
+    return build
+
+
+def sfa_paged_cases() -> list[DemoCase]:
+    """E1 through a paged KV cache, BSND and TND queries: the same numbers as the dense E1."""
+    cases = []
+    for layout in ("BSND", "TND"):
+        shape = (1, 1, 2, 4) if layout == "BSND" else (2, 2, 4)
+        for dtype in ("float16", "bfloat16"):
+            cases.append(DemoCase(f"E1 through a paged KV cache, {layout}", "SparseFlashAttention (PA_BSND)", dtype,
+                                  _sfa_paged_graph(layout, dtype), {"attention_out": np.full(shape, 2.0)}))
+    return cases
+
+
 def all_cases() -> list[DemoCase]:
     """Every family's worked examples, then the graphs that chain a forward op into its grad."""
-    return example_cases() + rotary_graph_cases() + sfa_graph_cases()
+    return example_cases() + rotary_graph_cases() + sfa_graph_cases() + sfa_paged_cases()
 
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...schemas import sparse_attention as schemas
+from ...schemas.sparse_attention.paging import dense_view, gather_dense
 from ...schemas.sparse_attention.selection import QueryRows, candidate_grid, candidates, query_rows
 
 from ._kernels import kernel
@@ -139,8 +140,14 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
                            scale_value: float, sparse_block_size: int = 1, layout_query: str = "BSND",
                            layout_kv: str = "BSND", sparse_mode: int = 3, pre_tokens: int = 2**63 - 1, next_tokens: int = 2**63 - 1,
                            attention_mode: int = 0, return_softmax_lse: bool = False):
-    """Return ``(attention_out, softmax_max, softmax_sum)``; the stats are (0,) without return_softmax_lse."""
+    """Return ``(attention_out, softmax_max, softmax_sum)``; the stats are (0,) without return_softmax_lse.
+
+    A paged cache (``layout_kv`` PA_BSND) is first gathered into the dense keys it stands for (spec 4.11)."""
     layout = layout_query
+    if layout_kv == schemas.PAGED:
+        view = dense_view(layout, block_table, actual_seq_lengths_kv, key.shape[1], key.shape[0])
+        key, value, key_rope = (gather_dense(t, view) for t in (key, value, key_rope))
+        actual_seq_lengths_kv = view.lengths_kv
     p = _problem(layout, query, key, value, sparse_indices, actual_seq_lengths_query, actual_seq_lengths_kv,
                  query_rope, key_rope, scale_value, sparse_block_size, sparse_mode)
     n1, n2, g = p.heads

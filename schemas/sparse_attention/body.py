@@ -7,7 +7,8 @@ are batched MatMuls; masked scores are -inf and masked probabilities 0; the grad
 and value contributions by a scatter with distinct targets into a dense per-segment weight matrix
 and one MatMul (never a scatter-add, whose ONNX Runtime CPU kernel races on duplicate targets). Intermediate
 roundings are ``CastLike(input dtype)`` + ``Cast(float)``. Bodies are specialised on the
-layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist.
+layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist. A paged cache is first
+gathered into the dense keys it stands for (``paging``), then the same body runs.
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ from onnx import TensorProto, helper
 
 from .._onnx_body import Body
 from ..lowering import LoweringSpec, register_lowering
-from .schema import FORWARD, GRAD
+from .schema import FORWARD, GRAD, PAGED
 
 
 class _Rows:
     """Row metadata and candidate keys of every flattened query row, as body values."""
 
-    def __init__(self, b: Body, spec: LoweringSpec, layout: str, honor_bsnd_lengths: bool) -> None:
+    def __init__(self, b: Body, spec: LoweringSpec, layout: str, honor_bsnd_lengths: bool, kv: dict[str, str]) -> None:
         self.b = b
         self.layout = layout
+        self.kv = kv
         one = b.ints(1)
         if layout == "BSND":
-            s1_size, s2_size = b.dim("query", 1), b.dim("key", 1)
+            s1_size, s2_size = b.dim("query", 1), b.dim(kv["key"], 1)
             rows_total = b.op("Mul", b.dim("query", 0), s1_size)
             self.kv_total = b.op("Mul", b.dim("query", 0), s2_size)
             rows = b.op("Range", b.const(0), b.scalar(rows_total), b.const(1))
@@ -37,15 +39,15 @@ class _Rows:
 
             def length(name: str, full: str) -> str:
                 if honor_bsnd_lengths and spec.has(name):
-                    return b.op("Gather", b.to_int64(name), batch)
+                    return b.op("Gather", b.to_int64(kv.get(name, name)), batch)
                 return b.op("Expand", full, b.op("Shape", rows))
             self.s1_len, self.s2_len = length("actual_seq_lengths_query", s1_size), length("actual_seq_lengths_kv", s2_size)
             self.kv_start = b.op("Mul", batch, s2_size)
             self.active = b.op("Less", self.s1, self.s1_len)
         else:
-            rows_total, self.kv_total = b.dim("query", 0), b.dim("key", 0)
+            rows_total, self.kv_total = b.dim("query", 0), b.dim(kv["key"], 0)
             rows = b.op("Range", b.const(0), b.scalar(rows_total), b.const(1))
-            aq, akv = b.to_int64("actual_seq_lengths_query"), b.to_int64("actual_seq_lengths_kv")
+            aq, akv = b.to_int64("actual_seq_lengths_query"), b.to_int64(kv["actual_seq_lengths_kv"])
             batches = b.dim(aq, 0)
             ended = b.op("LessOrEqual", b.unsqueeze(aq, 0), b.unsqueeze(rows, 1))        # (rows, B)
             batch = b.sum(b.to_int64(ended), 1)
@@ -66,12 +68,12 @@ class _Rows:
     def candidates(self) -> tuple[str, str, str, str]:
         """(flat key rows (rows, N2, Lp) into a (T2*N2, .) table, validity, Lp, clamped key rows (rows, N2, Lp))."""
         b = self.b
-        heads = b.dim("key", -2)
+        heads = b.dim(self.kv["key"], -2)
         entries = b.reshape(b.to_int64("sparse_indices"), self.rows_total, heads, b.dim("sparse_indices", -1))
         block = b.attr_int("sparse_block_size")
         block1 = b.unsqueeze(block, 0)
         # only entries below ceil(max_keys / bs) and offsets below max_keys can be visible (candidate_grid)
-        max_keys = b.dim("key", 1) if self.layout == "BSND" else b.dim("key", 0)
+        max_keys = b.dim(self.kv["key"], 1) if self.layout == "BSND" else b.dim(self.kv["key"], 0)
         topk = b.op("Min", b.dim(entries, 2), b.op("Add", b.op("Div", b.op("Sub", max_keys, b.ints(1)), block1),
                                                    b.ints(1)))
         entries = b.slice(entries, b.ints(0), topk, 2)
@@ -107,8 +109,8 @@ class _Rows:
         reads its own batch's keys), TND the whole tensor."""
         b = self.b
         if self.layout == "BSND":
-            return b.dim("query", 0), b.dim("query", 1), b.dim("key", 1)
-        return b.ints(1), b.dim("query", 0), b.dim("key", 0)
+            return b.dim("query", 0), b.dim("query", 1), b.dim(self.kv["key"], 1)
+        return b.ints(1), b.dim("query", 0), b.dim(self.kv["key"], 0)
 
     def key_columns(self, valid: str) -> str:
         """Each candidate's key column within its segment, (rows, N2, Lp); invalid ones -> the spare column."""
@@ -119,19 +121,51 @@ class _Rows:
         return b.where(valid, relative, keys)
 
 
-def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...]) -> str:
+_DENSE_KV = {"key": "key", "value": "value", "key_rope": "key_rope", "actual_seq_lengths_kv": "actual_seq_lengths_kv"}
+
+
+def _paged_kv(b: Body, spec: LoweringSpec, layout: str) -> dict[str, str]:
+    """The dense key/value/key_rope a paged cache stands for, and the kv lengths of that dense problem
+    (``paging.dense_view`` written with Gather): logical key j of batch b is cache row
+    ``block_table[b, j // page] * page + j % page``."""
+    page, blocks = b.dim("key", 1), b.dim("key", 0)
+    table = b.op("Max", b.op("Min", b.to_int64("block_table"), b.op("Sub", blocks, b.ints(1))), b.ints(0))
+    akv = b.to_int64("actual_seq_lengths_kv")
+    if layout == "BSND":
+        keys = b.op("Mul", b.dim("block_table", 1), page)
+        j = b.op("Range", b.const(0), b.scalar(keys), b.const(1))
+        pages = b.op("Gather", table, b.op("Div", j, page), axis=1)                     # (B, max_blocks * page)
+        lengths = "actual_seq_lengths_kv"
+    else:
+        ends = b.op("CumSum", akv, b.const(0))
+        t = b.op("Range", b.const(0), b.scalar(b.sum(akv, 0, keepdims=1)), b.const(1))
+        batch = b.sum(b.to_int64(b.op("LessOrEqual", b.unsqueeze(ends, 0), b.unsqueeze(t, 1))), 1)   # (T2,)
+        j = b.op("Sub", t, b.op("Sub", b.op("Gather", ends, batch), b.op("Gather", akv, batch)))
+        column = b.op("Add", b.op("Mul", batch, b.dim("block_table", 1)), b.op("Div", j, page))
+        pages = b.op("Gather", b.reshape(table, -1), column, axis=0)                       # (T2,)
+        lengths = ends
+    rows = b.op("Add", b.op("Mul", pages, page), b.op("Mod", j, page))
+    kv = {"actual_seq_lengths_kv": lengths}
+    for name in ("key", "value", "key_rope"):
+        if name in ("key", "value") or spec.has(name):
+            flat = b.reshape(name, -1, b.dim(name, 2), b.dim(name, 3))
+            kv[name] = b.op("Gather", flat, rows, axis=0)
+    return kv
+
+
+def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...], kv: dict[str, str] = _DENSE_KV) -> str:
     """Rows of the present tensors of ``names``, float32, concatenated on the last axis, as (rows*N, D)."""
-    parts = [b.to_float(n) for n in names if n in ("query", "key", "value") or spec.has(n)]
+    parts = [b.to_float(kv.get(n, n)) for n in names if n in ("query", "key", "value") or spec.has(n)]
     joined = parts[0] if len(parts) == 1 else b.concat(*parts, axis=-1)
     return b.reshape(joined, -1, b.dim(joined, -1))
 
 
-def _common(b: Body, spec: LoweringSpec, layout: str, is_grad: bool):
-    rows = _Rows(b, spec, layout, honor_bsnd_lengths=not is_grad)
+def _common(b: Body, spec: LoweringSpec, layout: str, is_grad: bool, kv: dict[str, str] = _DENSE_KV):
+    rows = _Rows(b, spec, layout, honor_bsnd_lengths=not is_grad, kv=kv)
     flat, valid, span, _ = rows.candidates()
     kv_heads = b.dim("key", -2)
     group = b.op("Div", b.dim("query", -2), kv_heads)
-    keys = b.op("Gather", _table(b, spec, ("key", "key_rope")), flat, axis=0)           # (rows, N2, Lp, Dq)
+    keys = b.op("Gather", _table(b, spec, ("key", "key_rope"), kv), flat, axis=0)       # (rows, N2, Lp, Dq)
     queries = _table(b, spec, ("query", "query_rope"))
     queries = b.reshape(queries, rows.rows_total, kv_heads, group, b.dim(queries, -1))  # (rows, N2, G, Dq)
     scale = b.attr_float("scale_value")
@@ -148,11 +182,12 @@ def _stats_to_layout(b: Body, layout: str, stats: str, rows: _Rows) -> str:
     return b.op("Transpose", stats, perm=[1, 0, 2])
 
 
-@register_lowering(FORWARD, ("layout_query", "sparse_mode", "return_softmax_lse"))
+@register_lowering(FORWARD, ("layout_query", "layout_kv", "sparse_mode", "return_softmax_lse"))
 def sfa_forward(b: Body, spec: LoweringSpec) -> None:
     layout = spec.attr("layout_query")
-    rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False)
-    values = b.op("Gather", _table(b, spec, ("value",)), flat, axis=0)                # (rows, N2, Lp, D2)
+    kv = _paged_kv(b, spec, layout) if spec.attr("layout_kv") == PAGED else _DENSE_KV
+    rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False, kv)
+    values = b.op("Gather", _table(b, spec, ("value",), kv), flat, axis=0)            # (rows, N2, Lp, D2)
     row_max = b.op("ReduceMax", masked, b.ints(3), keepdims=1)
     if spec.has("sinks"):
         sinks = b.reshape(b.to_float("sinks"), 1, kv_heads, group, 1)

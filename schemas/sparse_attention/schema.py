@@ -16,36 +16,34 @@ from ...ir._dtypes import DType
 from ...ir._types import Dim, TensorType
 
 from .._registry import register
-from .._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
-from .selection import query_rows
+from .._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
+from .layouts import LAYOUTS, PAGED, attention_layout, is_paged
+from .validation import validate
 
-__all__ = ["FORWARD", "GRAD", "INT64_MAX", "attention_layout", "head_group", "role_sizes"]
+__all__ = ["FORWARD", "GRAD", "INT64_MAX", "PAGED", "attention_layout", "head_group", "is_paged", "role_sizes"]
 
 F16, BF16, F32, I32 = DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.INT32
 INT64_MAX = 9223372036854775807
 INT32_MAX = 2147483647
-LAYOUTS = ("BSND", "TND")
 
 # The symbolic role of each dim of each tensor, per layout (spec 4.2).
 _ROLES: dict[str, dict[str, tuple[str, ...]]] = {
     "query": {"BSND": ("B", "S1", "N1", "D"), "TND": ("T1", "N1", "D")},
     "query_rope": {"BSND": ("B", "S1", "N1", "Dr"), "TND": ("T1", "N1", "Dr")},
-    "key": {"BSND": ("B", "S2", "N2", "D"), "TND": ("T2", "N2", "D")},
-    "key_rope": {"BSND": ("B", "S2", "N2", "Dr"), "TND": ("T2", "N2", "Dr")},
-    "value": {"BSND": ("B", "S2", "N2", "D2"), "TND": ("T2", "N2", "D2")},
+    "key": {"BSND": ("B", "S2", "N2", "D"), "TND": ("T2", "N2", "D"), "PA": ("BN", "PG", "N2", "D")},
+    "key_rope": {"BSND": ("B", "S2", "N2", "Dr"), "TND": ("T2", "N2", "Dr"), "PA": ("BN", "PG", "N2", "Dr")},
+    "value": {"BSND": ("B", "S2", "N2", "D2"), "TND": ("T2", "N2", "D2"), "PA": ("BN", "PG", "N2", "D2")},
     "sparse_indices": {"BSND": ("B", "S1", "N2", "K"), "TND": ("T1", "N2", "K")},
     "d_out": {"BSND": ("B", "S1", "N1", "D2"), "TND": ("T1", "N1", "D2")},
     "out": {"BSND": ("B", "S1", "N1", "D2"), "TND": ("T1", "N1", "D2")},
 }
-# Where each role is bound first (the tensor that defines it), in order of preference.
+# Where each role is bound first (the tensor that defines it), in order of preference. A paged cache
+# (layout_kv PA_BSND, spec 4.11) holds key/value/key_rope as (block_num BN, page PG, N2, .).
 _SOURCES = {"B": "query", "S1": "query", "T1": "query", "N1": "query", "D": "query", "S2": "key", "T2": "key",
-            "N2": "key", "Dr": "query_rope", "K": "sparse_indices"}
-_RULE_OF_ROLE = {"D": "SA-S5", "Dr": "SA-S6", "D2": "SG-S11"}
+            "N2": "key", "Dr": "query_rope", "K": "sparse_indices", "BN": "key", "PG": "key"}
+_RULE_OF_ROLE = {"D": "SA-S5", "Dr": "SA-S6", "D2": "SG-S11", "BN": "PA-S1", "PG": "PA-S1"}
+_KV_TENSORS = ("key", "value", "key_rope")
 _TENSORS = ("query", "key", "value", "sparse_indices", "d_out", "out", "query_rope", "key_rope")
-
-
-def attention_layout(ctx: InferContext | DataContext) -> str:
-    return ctx.attr("layout_query") if "layout_query" in ctx.attributes else ctx.attr("layout")
 
 
 def head_group(n1: Dim, n2: Dim) -> Dim:
@@ -59,14 +57,19 @@ def _present(ctx: InferContext, name: str) -> TensorType | None:
     return ctx.input(name) if name in ctx.schema.input_names else None
 
 
+def _layout_of(ctx: InferContext, name: str, layout: str) -> str:
+    return "PA" if name in _KV_TENSORS and is_paged(ctx) else layout
+
+
 def _role_sources(ctx: InferContext, layout: str) -> dict[str, tuple[Dim, str, int]]:
     """Each role's size, with the tensor and dim that define it."""
     sources = dict(_SOURCES, D2="d_out" if ctx.schema is GRAD else "value")
     bound: dict[str, tuple[Dim, str, int]] = {}
     for role, name in sources.items():
         t = _present(ctx, name)
-        if t is not None and role in _ROLES[name][layout]:
-            k = _ROLES[name][layout].index(role)
+        roles = _ROLES[name].get(_layout_of(ctx, name, layout), ())
+        if t is not None and role in roles:
+            k = roles.index(role)
             bound[role] = (t.shape[k], name, k)
     return bound
 
@@ -81,6 +84,9 @@ def role_sizes(ctx: InferContext) -> dict[str, Dim]:
     lengths = ctx.input("actual_seq_lengths_query")
     if layout == "TND" and lengths is not None:
         sizes["B"] = lengths.shape[0]
+    table = ctx.input("block_table") if "block_table" in ctx.schema.input_names else None
+    if is_paged(ctx) and table is not None and isinstance(table.shape[1], int) and isinstance(sizes.get("PG"), int):
+        sizes["S2"] = table.shape[1] * sizes["PG"]        # the nominal S2 of a paged cache: max_blocks * page
     return sizes
 
 
@@ -91,7 +97,7 @@ def _bind_roles(ctx: InferContext, layout: str) -> dict[str, Dim]:
         t = _present(ctx, name)
         if t is None:
             continue
-        for k, role in enumerate(_ROLES[name][layout]):
+        for k, role in enumerate(_ROLES[name][_layout_of(ctx, name, layout)]):
             size, source, source_dim = bound[role]
             if (source, source_dim) == (name, k):
                 continue
@@ -135,14 +141,16 @@ def _check(ctx: InferContext) -> None:
     else:
         layout, layout_kv = ctx.attr("layout_query"), ctx.attr("layout_kv")
         ctx.require(layout in LAYOUTS, "SA-S1", ctx.attr_subject("layout_query"), "BSND or TND", repr(layout))
-        ctx.require(layout_kv in LAYOUTS + ("PA_BSND",), "SA-S1", ctx.attr_subject("layout_kv"),
+        ctx.require(layout_kv in LAYOUTS + (PAGED,), "SA-S1", ctx.attr_subject("layout_kv"),
                     "BSND, TND or PA_BSND", repr(layout_kv))
-        ctx.require(layout_kv != "PA_BSND", "SA-S1b", ctx.attr_subject("layout_kv"), "BSND or TND", "'PA_BSND'",
-                    "layout_kv=PA_BSND (paged KV cache with block_table) is not supported yet")
-        ctx.require(layout_kv == layout, "SA-S1c", ctx.attr_subject("layout_kv"),
-                    f"{layout!r} (layout_query; CANN needs them equal)", repr(layout_kv))
-        ctx.require(ctx.input("block_table") is None, "SF-S10", ctx.input_subject("block_table"), "None",
-                    "a tensor", "block_table is only meaningful with layout_kv=PA_BSND")
+        if layout_kv == PAGED:
+            _check_paged_inputs(ctx)
+        else:
+            ctx.require(layout_kv == layout, "SA-S1c", ctx.attr_subject("layout_kv"),
+                        f"{layout!r} (layout_query, or 'PA_BSND' for a paged cache; CANN needs them equal)",
+                        repr(layout_kv))
+            ctx.require(ctx.input("block_table") is None, "PA-S2", ctx.input_subject("block_table"), "None",
+                        "a tensor", "block_table is only read with layout_kv=PA_BSND (a paged KV cache)")
     mode, block, scale = ctx.attr("sparse_mode"), ctx.attr("sparse_block_size"), ctx.attr("scale_value")
     ctx.require(mode in (0, 3), "SA-S8", ctx.attr_subject("sparse_mode"), "0 (no mask) or 3 (bottom-right causal)",
                 mode)
@@ -154,7 +162,10 @@ def _check(ctx: InferContext) -> None:
     rank = 4 if layout == "BSND" else 3
     for name in _TENSORS:
         t = _present(ctx, name)
-        if t is not None:
+        if t is not None and _layout_of(ctx, name, layout) == "PA":
+            ctx.require(t.rank == 4, "PA-S1", ctx.input_subject(name), "rank 4 (block_num, page, N2, dim) of a paged "
+                        "cache", f"rank {t.rank} (shape {t})")
+        elif t is not None:
             ctx.require(t.rank == rank, "SA-S2", ctx.input_subject(name), f"rank {rank} (layout {layout})",
                         f"rank {t.rank} (shape {t})")
     q_rope, k_rope = ctx.input("query_rope"), ctx.input("key_rope")
@@ -170,6 +181,8 @@ def _check(ctx: InferContext) -> None:
     ctx.require(d2 <= d if isinstance(d, int) and isinstance(d2, int) else None, "SA-S5",
                 ctx.input_subject("d_out" if is_grad else "value", rank - 1), f"<= D = {d} (D2 <= D)", d2)
     _check_lengths(ctx, layout, bound.get("B"), is_grad)
+    if not is_grad and is_paged(ctx):
+        _check_paged_shapes(ctx, layout, bound)
     for i, t in enumerate(ctx.inputs):
         if t is not None and not ctx.schema.inputs[i].name.startswith("actual_seq_lengths"):
             for k, size in enumerate(t.shape):
@@ -188,6 +201,39 @@ def _check(ctx: InferContext) -> None:
             if ctx.attr(attr) != INT64_MAX:
                 ctx.warn("SF-W1", ctx.attr_subject(attr), f"{INT64_MAX} (INT64_MAX)", ctx.attr(attr),
                          "ignored by the reference semantics")
+
+
+def _check_paged_inputs(ctx: InferContext) -> None:
+    """PA-S2, PA-S3, PA-S5: what a paged cache needs before any shape is compared (spec 4.11)."""
+    table, lengths = ctx.input("block_table"), ctx.input("actual_seq_lengths_kv")
+    ctx.require(table is not None, "PA-S2", ctx.input_subject("block_table"), "a (B, max_blocks) int32 table "
+                "(layout_kv PA_BSND reads the cache through it)", "None")
+    ctx.require(table.rank == 2, "PA-S2", ctx.input_subject("block_table"), "rank 2 (B, max_blocks)",
+                f"rank {table.rank} (shape {table})")
+    ctx.require(lengths is not None, "PA-S3", ctx.input_subject("actual_seq_lengths_kv"),
+                "a (B,) tensor of per-batch key counts (required with a paged cache)", "None")
+    ctx.require(not ctx.attr("return_softmax_lse"), "PA-S5", ctx.attr_subject("return_softmax_lse"), "False",
+                True, "CANN returns no softmax statistics from a paged cache")
+
+
+def _check_paged_shapes(ctx: InferContext, layout: str, bound: dict[str, Dim]) -> None:
+    """PA-S2..S4 on the bound sizes: one table row and one key count per batch, a legal page size."""
+    table, lengths = ctx.input("block_table"), ctx.input("actual_seq_lengths_kv")
+    batch = bound["B"] if layout == "BSND" else ctx.input("actual_seq_lengths_query").shape[0]
+    batch_source = "B, dim 0 of input 0 'query'" if layout == "BSND" else "B, the length of actual_seq_lengths_query"
+    ctx.require(ctx.equal(table.shape[0], batch), "PA-S2", ctx.input_subject("block_table", 0),
+                f"{batch} ({batch_source})", table.shape[0])
+    ctx.require(table.shape[1] != 0, "PA-S2", ctx.input_subject("block_table", 1), ">= 1 (max_blocks)", 0)
+    ctx.require(lengths.rank == 1 and ctx.equal(lengths.shape[0], batch) is not False, "PA-S3",
+                ctx.input_subject("actual_seq_lengths_kv"), f"shape ({batch},) (one key count per batch, not "
+                "cumulative)", list(lengths.shape))
+    page, block = bound["PG"], ctx.attr("sparse_block_size")
+    if isinstance(page, int):
+        subject = ctx.input_subject("key", 1)
+        ctx.require(0 < page <= 1024, "PA-S4", subject, "a page size in 1..1024", page)
+        ctx.require(page % 16 == 0, "PA-S4", subject, "a page size divisible by 16", page)
+        ctx.require(page % block == 0, "PA-S4", subject, f"a page size divisible by sparse_block_size = {block} "
+                    "(a sparse block never spans two pages)", page)
 
 
 def _check_grad_extras(ctx: InferContext, stats_shape: tuple[Dim, ...]) -> None:
@@ -219,77 +265,6 @@ def _grad_infer(ctx: InferContext) -> None:
             ctx.set_output(out_index, t)
 
 
-def _validate(ctx: DataContext) -> None:
-    """SA-D1 / SF-D2 (lengths), then SA-D3 (the block ids of every row the op reads)."""
-    is_grad = ctx.schema is GRAD
-    layout = attention_layout(ctx)
-    query, key, indices = ctx.array("query"), ctx.array("key"), ctx.array("sparse_indices")
-    lengths = [ctx.array("actual_seq_lengths_query"), ctx.array("actual_seq_lengths_kv")]
-    names = ("actual_seq_lengths_query", "actual_seq_lengths_kv")
-    if layout == "TND":
-        for name, values, limit, what in zip(names, lengths, (query.shape[0], key.shape[0]), ("T1", "T2")):
-            _check_cumulative(ctx, name, values, limit, what)
-        seq_q = seq_kv = 0
-    else:
-        seq_q, seq_kv = query.shape[1], key.shape[1]
-        if is_grad:
-            lengths = [None, None]
-        for name, values, limit, what in zip(names, lengths, (seq_q, seq_kv), ("S1", "S2")):
-            if values is not None:
-                bad = np.flatnonzero((values < 0) | (values > limit))
-                if bad.size:
-                    b = int(bad[0])
-                    ctx.fail("SF-D2", f"{ctx.input_subject(name)} position {b}", f"a length in [0, {limit}] ({what})",
-                             int(values[b]))
-    rows_total = query.shape[0] * (seq_q if layout == "BSND" else 1)
-    rows = query_rows(layout, rows_total, seq_q, seq_kv, lengths[0], lengths[1], ctx.attr("sparse_mode"))
-    read = np.flatnonzero(rows.reads)
-    if read.size == 0:
-        return
-    block = ctx.attr("sparse_block_size")
-    entries = indices.reshape(rows_total, indices.shape[-2], indices.shape[-1])[read]
-    blocks_available = (-(-rows.s2_len[read] // block))[:, None, None]
-    is_pad = entries == -1
-    out_of_range = ~is_pad & ((entries < 0) | (entries >= blocks_available))
-    pad_inside = ~is_pad & (np.cumsum(is_pad, axis=-1) > 0)
-    order = np.argsort(entries, axis=-1, kind="stable")
-    ordered = np.take_along_axis(entries, order, axis=-1)
-    repeat_sorted = np.zeros_like(is_pad)
-    repeat_sorted[..., 1:] = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] != -1)
-    repeated = np.zeros_like(is_pad)
-    np.put_along_axis(repeated, order, repeat_sorted, axis=-1)
-    bad = out_of_range | pad_inside | repeated
-    if not bad.any():
-        return
-    r, n2, i = (int(v) for v in np.argwhere(bad)[0])
-    row, value, nb = int(read[r]), int(entries[r, n2, i]), int(blocks_available[r, 0, 0])
-    if layout == "BSND":
-        where = f"row (b={row // seq_q}, s1={row % seq_q}, n2={n2})"
-    else:
-        where = f"row (t={row}, n2={n2})"
-    subject = f"{ctx.input_subject('sparse_indices')} {where} entry {i}"
-    if out_of_range[r, n2, i]:
-        ctx.fail("SA-D3", subject, f"-1 or a block id in [0, {nb}) (NB_b = ceil(S2b / {block}))", value)
-    if pad_inside[r, n2, i]:
-        ctx.fail("SA-D3", subject, "-1 (padding only after the last valid block id)", value)
-    first = int(np.flatnonzero(entries[r, n2] == value)[0])
-    ctx.fail("SA-D3", subject, f"a block id not listed before (NB_b = {nb})", f"{value}, already at entry {first}")
-
-
-def _check_cumulative(ctx: DataContext, name: str, values: np.ndarray, limit: int, what: str) -> None:
-    subject = ctx.input_subject(name)
-    if values[0] < 0:
-        ctx.fail("SA-D1", f"{subject} position 0", "a first cumulative length >= 0", int(values[0]))
-    drops = np.flatnonzero(np.diff(values.astype(np.int64)) < 0)
-    if drops.size:
-        b = int(drops[0]) + 1
-        ctx.fail("SA-D1", f"{subject} position {b}", f"a non-decreasing value (>= {int(values[b - 1])})",
-                 int(values[b]))
-    if values[-1] > limit:
-        ctx.fail("SA-D1", f"{subject} position {values.size - 1}", f"a last value <= {limit} ({what})",
-                 int(values[-1]))
-
-
 _FLOATS = (F16, BF16)
 
 
@@ -319,7 +294,7 @@ _FWD_INPUTS = (
     _QUERY, _KEY,
     InputSpec("value", _FLOATS, doc="(B, S2, N2, D2) or (T2, N2, D2)"),
     _INDICES,
-    InputSpec("block_table", (I32,), optional=True, doc="paged KV cache (PA_BSND only; not supported yet)"),
+    InputSpec("block_table", (I32,), optional=True, doc="(B, max_blocks) page ids of a paged KV cache (PA_BSND only)"),
     *_lengths("(B,): per batch (BSND) or cumulative (TND)"),
     *_ROPE,
     InputSpec("sinks", (F32,), optional=True, doc="(N1,): per-head attention sink logits"),
@@ -346,7 +321,7 @@ FORWARD = register(OpSchema(
         _SCALE,
         _BLOCK,
         AttrSpec("layout_query", AttrKind.STRING, "BSND", "BSND or TND"),
-        AttrSpec("layout_kv", AttrKind.STRING, "BSND", "must equal layout_query (PA_BSND not supported yet)"),
+        AttrSpec("layout_kv", AttrKind.STRING, "BSND", "layout_query's, or PA_BSND: a paged cache (spec 4.11)"),
         _MODE,
         AttrSpec("pre_tokens", AttrKind.INT, INT64_MAX, "ignored (must stay INT64_MAX on devices)"),
         AttrSpec("next_tokens", AttrKind.INT, INT64_MAX, "ignored (must stay INT64_MAX on devices)"),
@@ -356,7 +331,7 @@ FORWARD = register(OpSchema(
     type_combinations=_combos(tuple(s.name for s in _FWD_INPUTS)),
     infer=_forward_infer,
     check=_check,
-    validate=_validate,
+    validate=validate,
     validated_inputs=_VALIDATED,
     doc="Attention of each query row over the key blocks its sparse_indices list.",
 ))
@@ -380,7 +355,7 @@ GRAD = register(OpSchema(
     type_combinations=_combos(tuple(s.name for s in _GRAD_INPUTS)),
     infer=_grad_infer,
     check=_check,
-    validate=_validate,
+    validate=validate,
     validated_inputs=_VALIDATED,
     doc="Gradients of SparseFlashAttention w.r.t. query, key, value and the rope parts.",
 ))

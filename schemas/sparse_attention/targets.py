@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from .._schema import InferContext
 from ..targets import A2, A3, A5, TARGETS, Finding, TargetRule, register_target_rules
-from .schema import FORWARD, GRAD, INT64_MAX, role_sizes
+from .schema import FORWARD, GRAD, INT64_MAX, is_paged, role_sizes
 
 
 # -- sparse flash attention (spec 4.4) ---------------------------------------------------------
@@ -93,6 +93,16 @@ def _selection_memory(ctx: InferContext) -> Finding | None:
     return None
 
 
+def _paged_on_950(ctx: InferContext) -> Finding | None:
+    """PA-S6: ascend950 reads a paged cache without sinks and with sparse_block_size 1 (spec 4.11)."""
+    if not is_paged(ctx):
+        return None
+    if ctx.input("sinks") is not None:
+        return Finding(ctx.input_subject("sinks"), "None (no sinks with a paged cache on ascend950)", "a tensor")
+    bs = ctx.attr("sparse_block_size")
+    return None if bs == 1 else Finding(ctx.attr_subject("sparse_block_size"), "1 (with a paged cache on ascend950)", bs)
+
+
 register_target_rules(
     TargetRule("SF-T1", FORWARD, frozenset(TARGETS), _attention_mode),
     TargetRule("SF-T2", FORWARD, frozenset(TARGETS), _rope_dim(required=True)),
@@ -119,4 +129,5 @@ register_target_rules(
     TargetRule("SG-T11", GRAD, frozenset({A5}), _value_present),
     TargetRule("SG-T12", GRAD, frozenset(TARGETS), _grad_extents, src="doc"),
     TargetRule("SG-W2", GRAD, frozenset(TARGETS), _selection_memory, src="doc", warning=True),
+    TargetRule("PA-S6", FORWARD, frozenset({A5}), _paged_on_950),
 )

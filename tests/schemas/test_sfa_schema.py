@@ -111,10 +111,9 @@ def test_grad_inference_and_optional_outputs():
 def test_layout_rules():
     _fails(SFA, fwd_feeds(), "SA-S1", "attribute 'layout_query': expected BSND or TND, got 'BSH'", layout_query="BSH")
     _fails(SFA_GRAD, grad_feeds(), "SA-S1", "attribute 'layout': expected BSND or TND, got 'BSH'", layout="BSH")
-    _fails(SFA, fwd_feeds(), "SA-S1b", "layout_kv=PA_BSND (paged KV cache with block_table) is not supported yet",
-           layout_kv="PA_BSND")
+    _fails(SFA, fwd_feeds(), "PA-S2", "input 4 'block_table': expected a (B, max_blocks) int32 table", layout_kv="PA_BSND")
     _fails(SFA, fwd_feeds(), "SA-S1c", "attribute 'layout_kv': expected 'BSND' (layout_query", layout_kv="TND")
-    _fails(SFA, fwd_feeds(block_table=z(1, 4, dtype=np.int32)), "SF-S10", "input 4 'block_table': expected None")
+    _fails(SFA, fwd_feeds(block_table=z(1, 4, dtype=np.int32)), "PA-S2", "input 4 'block_table': expected None")
 
 
 def test_rank_and_shape_rules():

@@ -1,0 +1,165 @@
+"""Paged KV cache for SparseFlashAttention (layout_kv PA_BSND, spec 4.11): the math equals the dense
+forward bit for bit on the NumPy runtime, the ONNX body agrees, and every PA rule is enforced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import geir
+from geir.schemas.sparse_attention.examples import SfaCase, paged_arrays
+from geir.schemas.sparse_attention.paging import dense_view, gather_dense
+from oracles.numerics import bits_equal
+
+SFA = "SparseFlashAttention"
+
+
+def _graph(feeds: dict, **attrs) -> geir.Graph:
+    b = geir.GraphBuilder("pa")
+    inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items() if v is not None}
+    results = b.SparseFlashAttention(**inputs, **attrs)
+    b.output(results[0], "attention_out")
+    return b.build()
+
+
+def _attrs(case: SfaCase, **extra) -> dict:
+    attrs = dict(case.forward_attrs(), return_softmax_lse=False)
+    attrs.update(extra)
+    return attrs
+
+
+def _feeds(arrays: dict) -> dict:
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+CASES = [SfaCase(layout=layout, mode=mode, bs=bs, S1=5, S2=40, K=6, N1=4, N2=n2, D=16, D2=16, Dr=dr, tnd_kv=[20, 40],
+                 tnd_q=[3, 5], lengths=layout == "BSND", dtype=dtype, seed=seed)
+         for layout, mode, bs, n2, dr, dtype, seed in [
+             ("BSND", 3, 1, 1, 8, "float16", 0), ("BSND", 0, 2, 1, 0, "bfloat16", 1), ("BSND", 3, 4, 2, 8, "float16", 2),
+             ("TND", 3, 1, 1, 8, "bfloat16", 3), ("TND", 0, 2, 2, 0, "float16", 4), ("TND", 3, 16, 1, 8, "float16", 5)]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.layout}-mode{c.mode}-bs{c.bs}-n2{c.N2}-dr{c.Dr}-{c.dtype}")
+def test_a_paged_cache_gives_the_dense_result_bit_for_bit(case):
+    dense = case.arrays()
+    paged = paged_arrays(dense, case.layout, 16, np.random.default_rng(case.seed))
+    assert (paged["block_table"] == -1).any()                  # -1 padding in unused table columns
+    want = geir.run(_graph(dense, **_attrs(case)), _feeds(dense))["attention_out"]
+    graph = _graph(paged, **_attrs(case, layout_kv="PA_BSND"))
+    got = geir.run(graph, _feeds(paged))["attention_out"]
+    assert bits_equal(got, want)
+    on_ort = geir.run(graph, _feeds(paged), runtime="onnxruntime")["attention_out"]
+    geir.testing.assert_close(on_ort, got, standard="precision_standard", name="onnxruntime vs numpy")
+
+
+def test_the_statement_of_the_addressing_and_the_body_agree():
+    """dense_view's rows are the keys' homes; a probe (one-hot values) reads the body's addressing back."""
+    case = SfaCase(layout="TND", mode=0, bs=1, K=8, N1=2, D=16, D2=16, tnd_kv=[5, 9], tnd_q=[2, 4], dtype="float16",
+                   full=True, seed=7)
+    dense = case.arrays()
+    paged = paged_arrays(dense, "TND", 16, np.random.default_rng(1))
+    view = dense_view("TND", paged["block_table"], paged["actual_seq_lengths_kv"], 16, paged["key"].shape[0])
+    np.testing.assert_array_equal(gather_dense(paged["key"], view), dense["key"][:9])
+    np.testing.assert_array_equal(view.lengths_kv, [5, 9])
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_value_from_the_keys_prefix_matches_cann_golden_convention(layout):
+    """CANN's golden and 950 kernel take V = key[..., :D2]; with value given as that prefix both agree."""
+    case = SfaCase(layout=layout, mode=3, D=16, D2=8, S2=32, tnd_kv=[16, 32], lengths=layout == "BSND", seed=9)
+    dense = case.arrays()
+    dense["value"] = np.ascontiguousarray(dense["key"][..., :8])
+    paged = paged_arrays(dense, layout, 16, np.random.default_rng(2))
+    paged["value"] = np.ascontiguousarray(paged["key"][..., :8])
+    want = geir.run(_graph(dense, **_attrs(case)), _feeds(dense))["attention_out"]
+    got = geir.run(_graph(paged, **_attrs(case, layout_kv="PA_BSND")), _feeds(paged))["attention_out"]
+    assert bits_equal(got, want)
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+def test_cann_parameter_sets_scaled_down(runtime):
+    """pa_bsnd (BSND fp16, B=2, mode 3, bs 1, table (2, 4), aq [18, 93] -> scaled) and tnd_pa_multi_batch
+    (TND bf16, B=4, aq [2, 6, 11, 15], akv equal per batch, a table of two ids then -1s)."""
+    bsnd = SfaCase(layout="BSND", B=2, S1=12, S2=64, N1=8, D=32, D2=32, Dr=16, K=32, bs=1, mode=3, full=True, seed=11)
+    dense = bsnd.arrays()
+    dense["actual_seq_lengths_query"] = np.array([3, 12], np.int32)
+    dense["actual_seq_lengths_kv"] = np.array([64, 64], np.int32)
+    paged = paged_arrays(dense, "BSND", 16, np.random.default_rng(3))
+    assert paged["block_table"].shape == (2, 5)
+    want = geir.run(_graph(dense, **_attrs(bsnd)), _feeds(dense))["attention_out"]
+    got = geir.run(_graph(paged, **_attrs(bsnd, layout_kv="PA_BSND")), _feeds(paged), runtime=runtime)["attention_out"]
+    geir.testing.assert_close(got, want, standard="precision_standard", name="pa_bsnd")
+    tnd = SfaCase(layout="TND", N1=8, D=32, D2=32, Dr=16, K=8, bs=1, mode=3, tnd_q=[2, 6, 11, 15],
+                  tnd_kv=[32, 64, 96, 128], dtype="bfloat16", full=True, seed=12)
+    dense = tnd.arrays()
+    paged = paged_arrays(dense, "TND", 16, np.random.default_rng(4))
+    assert (paged["block_table"][:, :2] >= 0).all() and (paged["block_table"][:, 2:] == -1).all()
+    want = geir.run(_graph(dense, **_attrs(tnd)), _feeds(dense))["attention_out"]
+    got = geir.run(_graph(paged, **_attrs(tnd, layout_kv="PA_BSND")), _feeds(paged), runtime=runtime)["attention_out"]
+    geir.testing.assert_close(got, want, standard="precision_standard", name="tnd_pa_multi_batch")
+
+
+def _paged_base(**changes):
+    case = SfaCase(layout="BSND", mode=3, S2=32, D=16, D2=16, Dr=8, lengths=True, seed=13)
+    paged = paged_arrays(case.arrays(), "BSND", 16, np.random.default_rng(5))
+    paged.update(changes)
+    return case, paged
+
+
+@pytest.mark.parametrize("changes, attrs, rule, fact", [
+    ({"value": np.zeros((8, 16, 16), np.float16)}, {}, "PA-S1", "input 2 'value': expected rank 4 (block_num, page, N2,"),
+    ({"key_rope": np.zeros((8, 32, 1, 8), np.float16)}, {}, "PA-S1", "(BN, dim 0 of input 1 'key'), got 8"),
+    ({"block_table": None}, {}, "PA-S2", "input 4 'block_table': expected a (B, max_blocks) int32 table"),
+    ({"block_table": np.zeros(2, np.int32)}, {}, "PA-S2", "input 4 'block_table': expected rank 2 (B, max_blocks)"),
+    ({"block_table": np.zeros((3, 2), np.int32)}, {}, "PA-S2", "input 4 'block_table' dim 0: expected 2 (B, dim 0 of"),
+    ({"block_table": np.zeros((2, 0), np.int32)}, {}, "PA-S2", "input 4 'block_table' dim 1: expected >= 1"),
+    ({"actual_seq_lengths_kv": None}, {}, "PA-S3", "input 6 'actual_seq_lengths_kv': expected a (B,) tensor"),
+    ({"actual_seq_lengths_kv": np.zeros(3, np.int32)}, {}, "SA-S7b", "input 6 'actual_seq_lengths_kv' dim 0: expected 2"),
+    ({}, {"sparse_block_size": 32}, "PA-S4", "expected a page size divisible by sparse_block_size = 32"),
+    ({}, {"return_softmax_lse": True}, "PA-S5", "attribute 'return_softmax_lse': expected False"),
+])
+def test_every_paged_rule_names_tensor_dim_expected_and_actual(changes, attrs, rule, fact):
+    case, paged = _paged_base(**changes)
+    with pytest.raises(geir.GraphError) as err:
+        _graph(paged, **_attrs(case, layout_kv="PA_BSND", **attrs))
+    assert err.value.rule == rule and fact in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("page, fact", [(24, "expected a page size divisible by 16, got 24"),
+                                        (2048, "expected a page size in 1..1024, got 2048")])
+def test_page_size_rule(page, fact):
+    case = SfaCase(layout="BSND", mode=3, S2=32, D=16, D2=16, lengths=True, seed=13)
+    paged = paged_arrays(case.arrays(), "BSND", page, np.random.default_rng(5))
+    with pytest.raises(geir.GraphError, match=r"\[PA-S4\].*" + fact):
+        _graph(paged, **_attrs(case, layout_kv="PA_BSND"))
+
+
+def test_pa_s6_on_ascend950():
+    case, paged = _paged_base()
+    paged["sinks"] = np.zeros(4, np.float32)
+    report = geir.check(_graph(paged, **_attrs(case, layout_kv="PA_BSND")), "ascend950")
+    assert "PA-S6" in report.rules() and "no sinks with a paged cache on ascend950" in str(report)
+    assert "PA-S6" not in geir.check(_graph(paged, **_attrs(case, layout_kv="PA_BSND")), "ascend910b").rules()
+
+
+@pytest.mark.parametrize("breaking, fact", [
+    (lambda f: f["actual_seq_lengths_kv"].__setitem__(1, 999),
+     "input 6 'actual_seq_lengths_kv' position 1: expected a key count in [0, 48] (max_blocks * page = 3 * 16)"),
+    (lambda f: f["block_table"].__setitem__((0, 0), -1),
+     "input 4 'block_table' entry (b=0, column=0), read by row (b=0, s1="),
+    (lambda f: f["block_table"].__setitem__((1, 1), 99), "expected a page id in [0, 7) (block_num), got 99"),
+])
+def test_bad_lengths_and_pages_are_caught_on_both_runtimes_with_one_text(breaking, fact):
+    case = SfaCase(layout="BSND", mode=0, S2=32, D=16, D2=16, K=4, full=True, seed=14)
+    arrays = case.arrays()
+    arrays["actual_seq_lengths_kv"] = np.array([32, 32], np.int32)
+    paged = paged_arrays(arrays, "BSND", 16, np.random.default_rng(6), spare_pages=3)
+    graph = _graph(paged, **_attrs(case, layout_kv="PA_BSND"))
+    feeds = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in _feeds(paged).items()}
+    breaking(feeds)
+    texts = []
+    for runtime in ("numpy", "onnxruntime"):
+        with pytest.raises(geir.ExecutionError) as err:
+            geir.run(graph, feeds, runtime=runtime)
+        texts.append(str(err.value))
+    assert texts[0] == texts[1] and "[PA-D1]" in texts[0] and fact in texts[0], texts
