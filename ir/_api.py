@@ -41,11 +41,13 @@ def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy
     return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds)
 
 
-def check(graph: GraphLike, target: str):
+def check(graph: GraphLike, target: str, strict: bool = False):
     """Check a built graph (or an ONNX model or file) against one device's restrictions; return a ``CheckReport``.
 
+    ``report.ok`` is False when a rule of level ``error`` is broken (the device refuses the graph); with
+    ``strict``, also for ``unsupported`` (what the docs forbid but the device code accepts).
     Raises GraphError for an unknown target (the message lists the known ones).
     """
-    check_pass = CheckTarget(target)
+    check_pass = CheckTarget(target, strict)
     check_pass(as_graph(graph, "geir.check"))
     return check_pass.report

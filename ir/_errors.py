@@ -29,12 +29,16 @@ class SourceLocation:
         return f"{os.path.basename(self.filename)}:{self.lineno} in {self.function}"
 
 
+_ENTRY_POINT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "__main__.py")
+"""``python -m geir`` runs this file as ``__main__``: geir's, not the user's."""
+
+
 def user_location() -> SourceLocation | None:
     """Return the innermost stack frame that does not belong to geir itself."""
     frame = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if module != "geir" and not module.startswith("geir."):
+        if module != "geir" and not module.startswith("geir.") and frame.f_code.co_filename != _ENTRY_POINT:
             code = frame.f_code
             return SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back

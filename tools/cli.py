@@ -49,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs (min and median)")
     chk = commands.add_parser("check", help="check a saved model against a device's restrictions (exit 1 if violated)")
     chk.add_argument("model", help="the .onnx file")
-    chk.add_argument("--target", required=True, help="ascend910b, ascend910_93, ascend950 or all")
+    chk.add_argument("--target", required=True, help="a device (ascend910b, ascend910_93, ascend950, ascend310p, "
+                     "kirinx90, kirin9030) or all")
+    chk.add_argument("--strict", action="store_true", help="also fail on 'unsupported' (what the docs forbid but "
+                     "the device code accepts)")
     show = commands.add_parser("show", help="print a saved model as text, or draw it (dot, svg, png)")
     show.add_argument("model", help="the .onnx file")
     show.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text")
@@ -85,7 +88,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return commands.run_model(args.model, args.input, args.feeds, args.random, args.dim, args.runtime,
                                   args.output, args.repeat, args.seed)
     if args.command == "check":
-        return commands.check_model(args.model, args.target)
+        return commands.check_model(args.model, args.target, args.strict)
     if args.command == "show":
         return commands.show_model(args.model, args.format, args.output)
     if args.command == "example":

@@ -73,14 +73,14 @@ def run_model(model: str, inputs: Sequence[str], feeds_file: str | None, random:
     return 0
 
 
-def check_model(model: str, target: str) -> int:
+def check_model(model: str, target: str, strict: bool = False) -> int:
     graph = load_model(model)
     targets = list(TARGETS) if target == "all" else [target]
     if target != "all" and target not in TARGETS:
         raise CommandError(f"--target {target!r}: expected one of {', '.join(TARGETS)} or all")
     failed = False
     for name in targets:
-        report = check(graph, name)
+        report = check(graph, name, strict=strict)
         print(report)
         failed |= not report.ok
     return 1 if failed else 0

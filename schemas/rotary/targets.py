@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._schema import InferContext
-from ..targets import A2, A3, A5, TARGETS, Finding, TargetRule, register_target_rules
+from ..targets import A2, A3, A5, ASCEND_TRAINING, Finding, TargetRule, kernel_rule, register_target_rules
 from .schema import FORWARD, GRAD, EMPTY_GRAD_SLICE_HINT, rotary_slice
 
 
@@ -21,11 +21,6 @@ def _empty_grad_slice(ctx: InferContext) -> Finding | None:
         return None
     return Finding(ctx.attr_subject("partial_slice"), "a non-empty slice [start, end)", list(ctx.attr("partial_slice")),
                    EMPTY_GRAD_SLICE_HINT)
-
-
-def _no_grad_kernel(ctx: InferContext) -> Finding:
-    return Finding("op", f"a target with a {GRAD.op_type} kernel ({A5})", ctx.target,
-                   "CANN ships this kernel for ascend950 only")
 
 
 def _mode_is_interleave(ctx: InferContext) -> Finding | None:
@@ -65,8 +60,9 @@ def _cos_layout(ctx: InferContext) -> Finding | None:
 
 
 register_target_rules(
-    TargetRule("RP-T1", GRAD, frozenset({A2, A3}), _no_grad_kernel),
-    TargetRule("RP-W1", GRAD, frozenset(TARGETS), _empty_grad_slice, src="doc", warning=True),
+    kernel_rule("RP-T1", FORWARD, ASCEND_TRAINING),
+    kernel_rule("RP-T1", GRAD, frozenset({A5}), "CANN ships this kernel for ascend950 only"),
+    TargetRule("RP-W1", GRAD, ASCEND_TRAINING, _empty_grad_slice, src="doc (950 tiling passes it)", warning=True),
     TargetRule("RP-T2", FORWARD, frozenset({A2, A3, A5}), _mode_is_interleave),
     TargetRule("RP-T2", GRAD, frozenset({A5}), _mode_is_interleave),
     TargetRule("RP-T3", FORWARD, frozenset({A2, A3, A5}), _head_dim_limit(forward=True)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._schema import InferContext
-from ..targets import A2, A3, A5, TARGETS, Finding, TargetRule, register_target_rules
+from ..targets import A2, A3, A5, ASCEND_TRAINING, Finding, TargetRule, kernel_rule, register_target_rules
 from .schema import FORWARD, GRAD, INT64_MAX, is_paged, role_sizes
 
 
@@ -104,30 +104,36 @@ def _paged_on_950(ctx: InferContext) -> Finding | None:
 
 
 register_target_rules(
-    TargetRule("SF-T1", FORWARD, frozenset(TARGETS), _attention_mode),
-    TargetRule("SF-T2", FORWARD, frozenset(TARGETS), _rope_dim(required=True)),
-    TargetRule("SA-T3", FORWARD, frozenset(TARGETS), _in_set("N2", frozenset({1}), "{1}")),
-    TargetRule("SA-T3", GRAD, frozenset(TARGETS), _in_set("N2", frozenset({1}), "{1}")),
+    kernel_rule("SA-T0", FORWARD, ASCEND_TRAINING),
+    kernel_rule("SA-T0", GRAD, ASCEND_TRAINING),
+    TargetRule("SF-T1", FORWARD, ASCEND_TRAINING, _attention_mode),
+    TargetRule("SF-T2", FORWARD, ASCEND_TRAINING, _rope_dim(required=True)),
+    TargetRule("SA-T3", FORWARD, ASCEND_TRAINING, _in_set("N2", frozenset({1}), "{1}")),
+    TargetRule("SA-T3", GRAD, ASCEND_TRAINING, _in_set("N2", frozenset({1}), "{1}")),
     TargetRule("SA-T4", FORWARD, frozenset({A2, A3}), _in_set("N1", _N1_POW2, "{1, 2, 4, ..., 128}")),
     TargetRule("SA-T4", FORWARD, frozenset({A5}), _in_set("N1", range(1, 129), "1..128")),
     TargetRule("SA-T4", GRAD, frozenset({A2, A3}), _in_set("N1", _N1_POW2, "{1, 2, 4, ..., 128}")),
     TargetRule("SA-T4", GRAD, frozenset({A5}), _in_set("N1", _N1_GRAD_950, "{" + ", ".join(
         map(str, sorted(_N1_GRAD_950))) + "}")),
-    TargetRule("SA-T5", FORWARD, frozenset(TARGETS), _head_dims),
-    TargetRule("SA-T5", GRAD, frozenset(TARGETS), _head_dims, src="doc"),
-    TargetRule("SG-T6", GRAD, frozenset(TARGETS), _rope_dim(required=False), src="doc"),
+    TargetRule("SA-T5", FORWARD, ASCEND_TRAINING, _head_dims),
+    TargetRule("SA-T5", GRAD, frozenset({A2, A3}), _head_dims, src="doc (A2/A3 tiling runs D = 128)"),
+    TargetRule("SA-T5", GRAD, frozenset({A5}), _head_dims, src="code (950 tiling)"),
+    TargetRule("SG-T6", GRAD, frozenset({A2, A3}), _rope_dim(required=False), src="doc"),
+    TargetRule("SG-T6", GRAD, frozenset({A5}), _rope_dim(required=False), src="code (950 tiling)"),
     TargetRule("SA-T7", FORWARD, frozenset({A2, A3}), _block_size(frozenset(1 << i for i in range(8)),
                                                               "a power of 2 in [1, 128]")),
     TargetRule("SA-T7", FORWARD, frozenset({A5}), _block_size(frozenset({1}), "1")),
     TargetRule("SA-T7", GRAD, frozenset({A2, A3}), _block_size(frozenset({1, 8, 16, 32, 64}),
                                                                    "one of {1, 8, 16, 32, 64}"), src="doc"),
     TargetRule("SA-T7", GRAD, frozenset({A5}), _block_size(frozenset({1}), "1")),
-    TargetRule("SG-T8", GRAD, frozenset(TARGETS), _in_set("K", frozenset(range(1024, 8193, 1024)),
-                                                              "{1024, 2048, ..., 8192}"), src="doc"),
-    TargetRule("SF-T9", FORWARD, frozenset(TARGETS), _unbounded_tokens),
+    TargetRule("SG-T8", GRAD, frozenset({A2, A3}), _in_set("K", frozenset(range(1024, 8193, 1024)),
+                                                             "{1024, 2048, ..., 8192}"), src="doc (A2/A3 tiling runs K = 4, 8)"),
+    TargetRule("SG-T8", GRAD, frozenset({A5}), _in_set("K", frozenset(range(1024, 8193, 1024)),
+                                                       "{1024, 2048, ..., 8192}"), src="code (950 tiling)"),
+    TargetRule("SF-T9", FORWARD, ASCEND_TRAINING, _unbounded_tokens),
     TargetRule("SF-T10", FORWARD, frozenset({A2, A3}), _no_sinks, src="doc"),
     TargetRule("SG-T11", GRAD, frozenset({A5}), _value_present),
-    TargetRule("SG-T12", GRAD, frozenset(TARGETS), _grad_extents, src="doc"),
-    TargetRule("SG-W2", GRAD, frozenset(TARGETS), _selection_memory, src="doc", warning=True),
+    TargetRule("SG-T12", GRAD, ASCEND_TRAINING, _grad_extents, src="doc"),
+    TargetRule("SG-W2", GRAD, ASCEND_TRAINING, _selection_memory, src="doc", warning=True),
     TargetRule("PA-S6", FORWARD, frozenset({A5}), _paged_on_950),
 )

@@ -85,4 +85,4 @@ def test_report_lists_every_violation_of_a_multi_node_graph():
     b.output(b.InplacePartialRotaryMulGrad(y, c, c, rotary_mode=0, partial_slice=[0, 64], name="bwd"), "dx")
     report = geir.check(b.build(), target="ascend910b")
     assert [(v.node, v.rule) for v in report] == [("fwd", "RP-T2"), ("fwd", "RP-T5"), ("bwd", "RP-T1")]
-    assert str(report).splitlines()[0] == "graph 'two' on ascend910b: 3 violation(s)"
+    assert str(report).splitlines()[0] == "graph 'two' on ascend910b: refused: 3 error(s), 0 unsupported"

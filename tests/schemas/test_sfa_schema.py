@@ -265,4 +265,4 @@ def test_grad_target_rules():
         report = geir.check(sfa_graph(wide, SFA_GRAD, scale_value=0.1, layout="TND", sparse_block_size=16)[0],
                             "ascend950")
     assert "SG-W2" not in report.rules() and [w.rule for w in report.warnings] == ["SG-W2"]
-    assert "warning: [SG-W2]" in str(report)
+    assert "warning (doc): [SG-W2]" in str(report)

@@ -42,7 +42,9 @@ def test_bench_quick_prints_one_table_with_both_runtimes(capsys):
         assert out.count(impl) == count, impl
     assert out.count("geir numpy") == 8 and out.count("geir onnxruntime") == 8   # grad and forward, two cases each
     assert "GB/s" in out
-    assert out.count("1.00x") == 4                                           # each case's baseline
+    baselines = [line for line in out.splitlines() if "np.copyto(dy)" in line or "np.copyto of the same bytes" in line]
+    assert len(baselines) == 4 and all("1.00x" in line for line in baselines)   # each case's baseline (other rows
+    # may round to 1.00x too: a fresh-buffer copy often does)
     assert "[" in captured.err and "/" in captured.err                       # the progress bar
 
 

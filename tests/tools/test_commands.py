@@ -82,7 +82,7 @@ def test_run_random_feeds_take_symbolic_sizes_from_dim(rope_model):
     (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}"], "is not a regular file"),
     (["run", "{tmp}/int.npy", "--random"], "model '{tmp}/int.npy': "),
     (["check", "{model}", "--target", "ascend310"], "--target 'ascend310': expected one of ascend910b, ascend910_93, "
-                                                    "ascend950 or all"),
+                                                    "ascend950, ascend310p, kirinx90, kirin9030 or all"),
     (["example", "nope"], "example 'nope': expected one of inplace_partial_rotary_mul"),
 ])
 def test_bad_paths_feeds_and_targets_exit_2_with_one_line(rope_model, tmp_path, capsys, args, message):
@@ -111,7 +111,7 @@ def test_check_exit_status_says_whether_the_device_accepts_it(rope_model, tmp_pa
     result = _geir("check", str(model), "--target", "ascend910b")
     assert result.returncode == 1 and "[RP-T1]" in result.stdout
     result = _geir("check", str(model), "--target", "all")
-    assert result.returncode == 1 and result.stdout.count("graph 'g' on ") == 3
+    assert result.returncode == 1 and result.stdout.count("graph 'g' on ") == 6
     ok = rotary_graph(ROPE_GRAD, (1, 4, 2, 16), (1, 4, 1, 8), "float16", rotary_mode=1, partial_slice=[0, 8])
     geir.save_onnx(ok, str(tmp_path / "ok.onnx"))
     result = _geir("check", str(tmp_path / "ok.onnx"), "--target", "ascend950")
