@@ -5,7 +5,8 @@ target of that UT), with the rule id in the message; each case CANN accepts must
 Sources (read, facts only; the yuanfang-chen/ops-transformer mirror): ``attention/sparse_flash_attention/tests/ut/
 op_host/arch32/test_sparse_flash_attention_tiling.cpp`` (cases ``SparseFlashAttention_910b_tiling_0`` .. ``_12``,
 Ascend910B) ``moe/moe_token_unpermute/tests/ut/op_host/test_moe_token_unpermute_tiling.cpp`` and
-``moe/moe_token_unpermute_grad/tests/ut/op_host/test_moe_token_unpermute_grad_tiling.cpp`` (all accepted by CANN).
+``moe/moe_token_unpermute_grad/tests/ut/op_host/test_moe_token_unpermute_grad_tiling.cpp`` (all accepted by CANN),
+``attention/sparse_flash_attention/tests/ut/op_host/test_sparse_flash_attention_infershape.cpp`` (inferred shapes).
 Shapes are given without data: building a graph allocates nothing, so CANN's sizes are used as they are.
 """
 
@@ -151,3 +152,19 @@ def test_the_contract_refuses_what_canns_grad_tiling_accepts_without_probs(case)
     with pytest.raises(geir.GraphError, match=r"\[MG-S2\] .*expected tokens \* topK = 10 \* 1 = 10"):
         _moe_grad(64, dtype, None)
     assert geir.check(_moe_grad(64, dtype, None, slots=10), "ascend910b").ok       # with M = Tn it is accepted
+
+
+def test_sparse_flash_attention_infershape_2_infers_canns_shapes():
+    """SparseFlashAttention_infershape_2: BSND fp16, per-batch lengths, lse on -> CANN's expected output shapes.
+    (Its cases 0 and 1 only test shape inference, which CANN runs without checks; the same shapes are refused by
+    its tiling, tiling_0 and tiling_1 above, and by geir.)"""
+    b = geir.GraphBuilder("cann_ut_infershape")
+    shapes = {Q: (3, 13754, 8, 512), K: (3, 13754, 1, 512), V: (3, 13754, 1, 512), IDX: (3, 13754, 1, 32),
+              AQ: (3,), AKV: (3,)}
+    inputs = {n: b.input(n, "int32" if n in INT_INPUTS else "float16", shape) for n, shape in shapes.items()}
+    out, mx, sm = b.SparseFlashAttention(**inputs, **_attrs("BSND", "BSND", lse=True))
+    for value, name in ((out, "attention_out"), (mx, "softmax_max"), (sm, "softmax_sum")):
+        b.output(value, name)
+    graph = b.build()
+    assert [v.shape for v in graph.outputs] == [(3, 13754, 8, 512), (3, 1, 13754, 8), (3, 1, 13754, 8)]
+    assert [v.dtype.value for v in graph.outputs] == ["float16", "float32", "float32"]
