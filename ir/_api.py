@@ -29,16 +29,19 @@ def as_graph(graph: GraphLike, caller: str) -> Graph:
                      f"{type(graph).__name__}")
 
 
-def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy") -> dict[str, np.ndarray]:
+def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy",
+        outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Compile ``graph`` for ``runtime`` and run it once; return the outputs by name.
 
-    ``graph`` may also be an ONNX ModelProto or file path (imported with ``from_onnx``).
+    ``graph`` may also be an ONNX ModelProto or file path (imported with ``from_onnx``). ``outputs``
+    gives caller-provided buffers by output name, which the run writes (and returns) instead of
+    allocating: writeable, C-contiguous, of the output's dtype and shape.
 
     Raises:
         ExecutionError: a feed is missing, unexpected or of the wrong dtype/shape, or a
             node's input data is invalid; the message names the input or node.
     """
-    return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds)
+    return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds, outputs)
 
 
 def check(graph: GraphLike, target: str, strict: bool = False):

@@ -21,6 +21,7 @@ from ..passes import live_nodes
 
 from ._checks import describe, is_symbolic, output_types_on, validate_node_data
 from ._feeds import validate_feeds
+from ._outputs import fill_output_buffers, validate_output_buffers
 
 __all__ = ["InterpretedExecutable", "NodeKernel"]
 
@@ -66,8 +67,10 @@ class InterpretedExecutable:
         """The kernel that runs ``node`` and whether its fresh results are ours to own; None: no kernel."""
         raise NotImplementedError
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        env, _ = validate_feeds(self.graph, feeds)
+    def run(self, feeds: Mapping[str, np.ndarray],
+            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        env, bindings = validate_feeds(self.graph, feeds)
+        buffers = validate_output_buffers(self.graph, outputs, env, bindings)
         env.update(self.graph.constants)   # read-only: never owned, so never written in place
         owned: set[str] = set()
         for step, node in enumerate(self.order):
@@ -77,7 +80,10 @@ class InterpretedExecutable:
             kernel, ours = self.kernels[node]
             kwargs = dict(node.attributes)
             reused = None
-            if node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
+            first = node.outputs[0]
+            if node.schema.outputs[0].alias is not None and first is not None and first.name in buffers:
+                kwargs["out"] = buffers[first.name]          # the caller's buffer: written directly
+            elif node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
                 kwargs["out"] = reused = args[0]
             try:
                 results = kernel(*args, **kwargs)
@@ -95,6 +101,8 @@ class InterpretedExecutable:
                     raise ExecutionError(f"{describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
                                          f"for output '{value.name}', expected {want}", node=node.name)
                 env[value.name] = array
+                if value.name in buffers:      # the caller's: never reused for a later in-place write
+                    continue
                 if _allocated_here(ours, array, args, reused):
                     owned.add(value.name)
                 else:   # a view of an owned input makes that input shared: no longer written in place
@@ -106,7 +114,8 @@ class InterpretedExecutable:
         result = {}
         for value in self.graph.outputs:
             array = env[value.name]
-            result[value.name] = array if value.name in owned else array.copy()
+            result[value.name] = array if value.name in owned or value.name in buffers else array.copy()
+        fill_output_buffers(self.graph, result, buffers)
         return result
 
     def _may_reuse(self, node: Node, index: int, step: int, owned: set[str]) -> bool:

@@ -15,8 +15,11 @@ __all__ = ["Executable", "Runtime", "get_runtime", "register_runtime", "runtime_
 class Executable(Protocol):
     """A graph compiled for one runtime."""
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run on the given inputs; return the graph outputs by name. Feeds are never modified."""
+    def run(self, feeds: Mapping[str, np.ndarray],
+            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run on the given inputs; return the graph outputs by name. Feeds are never modified (except a feed
+        the caller passes as the output buffer of an in-place op). ``outputs`` are caller-provided buffers
+        (see ``runtimes._outputs``), written and returned as those outputs."""
         ...
 
 

@@ -19,6 +19,7 @@ from ...ir._types import TensorType
 
 from .._checks import concrete_types, describe, validate_node_data
 from .._feeds import validate_feeds
+from .._outputs import concrete_shape, fill_output_buffers, validate_output_buffers
 from .._threads import num_threads
 from ._native import native_library
 
@@ -80,8 +81,10 @@ class OnnxRuntimeExecutable:
                     self.probed[value.name] = value
         self._probe_session: ort.InferenceSession | None = None
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray],
+            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         arrays, bindings = validate_feeds(self.graph, feeds)
+        buffers = validate_output_buffers(self.graph, outputs, arrays, bindings)
         types = concrete_types(self.graph, self.order, {name: a.shape for name, a in arrays.items()})
         known: dict[str, np.ndarray] = dict(self.graph.constants) | arrays
         pending = [n for n in self.checked if not _validate_node(n, known, types, final=False)]
@@ -91,33 +94,37 @@ class OnnxRuntimeExecutable:
                 _validate_node(node, known, types, final=True)
         binding = self.session.io_binding()
         keep_alive = _bind_inputs(binding, arrays)   # OrtValues and buffers must outlive the run
-        outputs: dict[str, np.ndarray] = {}
+        results: dict[str, np.ndarray] = {}
         bound: list[str] = []                 # binding order, which is the order of binding.get_outputs()
         for value in self.graph.outputs:
             if value.producer is None:        # a graph input or constant passed through: ORT never writes it
                 continue
             bound.append(value.name)
-            shape = _concrete(value.type.shape, bindings)
+            shape = concrete_shape(self.graph, value, bindings)
             if shape is None:
                 binding.bind_output(value.name)
                 continue
-            buffer = np.empty(shape, value.type.dtype.numpy)
+            buffer = buffers.get(value.name)       # the caller's buffer, written by ONNX Runtime directly
+            if buffer is None:
+                buffer = np.empty(shape, value.type.dtype.numpy)
             ort_value = _ort_value(buffer)
             keep_alive.append(ort_value)
             binding.bind_ortvalue_output(value.name, ort_value)
-            outputs[value.name] = buffer
+            results[value.name] = buffer
         try:
             self.session.run_with_iobinding(binding)
         except Exception as exc:
             raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
         for name, value in zip(bound, binding.get_outputs()):
-            if name not in outputs:
-                outputs[name] = value.numpy()
+            if name not in results:
+                results[name] = value.numpy()
         for value in self.graph.outputs:
             if value.producer is None:
                 source = arrays.get(value.name)
-                outputs[value.name] = (source if source is not None else self.graph.constants[value.name]).copy()
-        return {v.name: outputs[v.name] for v in self.graph.outputs}
+                results[value.name] = (source if source is not None else self.graph.constants[value.name]).copy()
+        ordered = {v.name: results[v.name] for v in self.graph.outputs}
+        fill_output_buffers(self.graph, ordered, buffers)
+        return ordered
 
     def _probe(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The probed inner values for these feeds (index tensors as arrays; others as shape stand-ins)."""
@@ -194,11 +201,6 @@ def _ort_value(array: np.ndarray) -> ort.OrtValue:
                                  f"runtime for bfloat16 graphs")
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), TensorProto.BFLOAT16)
     return ort.OrtValue.ortvalue_from_numpy(array)
-
-
-def _concrete(shape: tuple, bindings: dict[str, int]) -> tuple[int, ...] | None:
-    dims = [d if isinstance(d, int) else bindings.get(d) for d in shape]
-    return None if any(d is None for d in dims) else tuple(dims)
 
 
 def _validate_node(node: Node, known: Mapping[str, np.ndarray], types: Mapping[str, TensorType], final: bool) -> bool:

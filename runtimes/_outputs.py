@@ -1,0 +1,83 @@
+"""Caller-provided output buffers (``Executable.run(feeds, outputs={name: array})``), checked once for
+both runtimes: a loop that reuses its buffers pays no allocation or page faults for them.
+
+A buffer must be a writeable, C-contiguous NumPy array of the output's dtype and shape, share memory
+with no other buffer, and share none with a feed, except the feed an in-place op overwrites anyway
+(the output aliases that input and the feed has no other reader), which is how a caller asks for a
+true in-place run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..ir._core import Graph, Value
+from ..ir._errors import ExecutionError
+
+__all__ = ["concrete_shape", "fill_output_buffers", "validate_output_buffers"]
+
+
+def concrete_shape(graph: Graph, value: Value, bindings: Mapping[str, int]) -> tuple[int, ...] | None:
+    """The value's shape with its symbols bound by the feeds; None while a dim is data-dependent."""
+    dims = [d if isinstance(d, int) else bindings.get(graph.symbols.canonical(d)) for d in value.type.shape]
+    return None if any(d is None for d in dims) else tuple(dims)
+
+
+def _overwrites_feed(value: Value, feed: str) -> bool:
+    """Whether ``value`` is produced in place over graph input ``feed``, its only reader."""
+    node = value.producer
+    if node is None:
+        return False
+    alias = node.schema.outputs[value.index].alias
+    source = node.inputs[alias] if alias is not None else None
+    return source is not None and source.producer is None and source.name == feed and len(source.uses) == 1
+
+
+def validate_output_buffers(graph: Graph, buffers: Mapping[str, np.ndarray] | None, feeds: Mapping[str, np.ndarray],
+                            bindings: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The checked buffers by output name; ExecutionError naming the output and what is wrong."""
+    if buffers is None:
+        return {}
+    if not isinstance(buffers, Mapping):
+        raise ExecutionError(f"graph '{graph.name}': outputs: expected a mapping of output name -> array, got "
+                             f"{type(buffers).__name__}")
+    by_name = {v.name: v for v in graph.outputs}
+    checked: dict[str, np.ndarray] = {}
+    for name, buffer in buffers.items():
+        if name not in by_name:
+            raise ExecutionError(f"graph '{graph.name}': outputs: {name!r} is not a graph output (outputs: "
+                                 f"{', '.join(by_name)})")
+        value, where = by_name[name], f"graph '{graph.name}': output buffer '{name}'"
+        if not isinstance(buffer, np.ndarray):
+            raise ExecutionError(f"{where}: expected a NumPy array, got {type(buffer).__name__}")
+        if buffer.dtype != value.dtype.numpy:
+            raise ExecutionError(f"{where}: expected dtype {value.dtype}, got {buffer.dtype}")
+        shape = concrete_shape(graph, value, bindings)
+        if (shape is not None and buffer.shape != shape) or buffer.ndim != value.type.rank:
+            raise ExecutionError(f"{where}: expected shape {list(shape) if shape else list(value.type.shape)}, got "
+                                 f"{list(buffer.shape)}")
+        if not buffer.flags.c_contiguous or not buffer.flags.writeable:
+            raise ExecutionError(f"{where}: expected a writeable C-contiguous array (np.empty(shape, dtype) is one)")
+        for feed, array in feeds.items():
+            if np.may_share_memory(buffer, array) and not (buffer is array and _overwrites_feed(value, feed)):
+                raise ExecutionError(f"{where}: shares memory with feed '{feed}'; only the feed an in-place op "
+                                     "overwrites (its only reader) may be its own output buffer")
+        for other, earlier in checked.items():
+            if np.may_share_memory(buffer, earlier):
+                raise ExecutionError(f"{where}: shares memory with the buffer of output '{other}'")
+        checked[name] = buffer
+    return checked
+
+
+def fill_output_buffers(graph: Graph, results: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> None:
+    """Put each result the runtime did not write in place into its buffer (checking a data-dependent shape)."""
+    for name, buffer in buffers.items():
+        result = results[name]
+        if result is not buffer:
+            if result.shape != buffer.shape:
+                raise ExecutionError(f"graph '{graph.name}': output buffer '{name}': the output has shape "
+                                     f"{list(result.shape)}, the buffer {list(buffer.shape)}")
+            np.copyto(buffer, result)
+            results[name] = buffer
