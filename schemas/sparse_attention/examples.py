@@ -169,5 +169,8 @@ def paged_arrays(arrays: dict[str, np.ndarray | None], layout: str, page: int, r
 
 
 BENCH = {"quick": SfaCase(B=1, S1=64, S2=512, N1=16, D=128, D2=128, Dr=64, K=64, mode=0, full=True),
-         "bench": SfaCase(B=1, S1=512, S2=2048, N1=16, D=128, D2=128, Dr=64, K=256, mode=0, full=True)}
-"""Benchmark shapes of ``geir bench`` (``--quick`` and full): every row sees K distinct keys."""
+         "bench": SfaCase(B=1, S1=512, S2=2048, N1=16, D=128, D2=128, Dr=64, K=256, mode=0, full=True),
+         "cann": SfaCase(B=1, S1=64, S2=4096, N1=128, D=512, D2=512, Dr=64, K=2048, bs=1, mode=3, full=True,
+                         dtype="bfloat16")}
+"""Benchmark shapes of ``geir bench`` (``--quick``, full, and the CANN-sized shape of issue 13): every row sees
+K distinct keys (mode 3 rows near the start see fewer: the causal bound)."""
