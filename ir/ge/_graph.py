@@ -9,12 +9,14 @@ infers there.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from .._builder import GraphBuilder
 from .._core import Graph as GeirGraph
 from .._core import Value
 from .._errors import GraphError
 from .._types import TensorType
 from ._operator import Const, Data, Operator, op
-from ._tensor import FORMAT_ND, UNKNOWN_DIM, Shape, Tensor, TensorDesc, ge_data_type, geir_dtype
+from ._tensor import FORMAT_ND, SUCCESS, UNKNOWN_DIM, Shape, Tensor, TensorDesc, ge_data_type, geir_dtype
 
 __all__ = ["Graph"]
 
@@ -36,8 +38,6 @@ class Graph:
         return self._name
 
     def AddOp(self, operator: Operator) -> int:
-        from ._tensor import SUCCESS
-
         if not isinstance(operator, Operator):
             raise GraphError(f"graph '{self._name}': AddOp: expected a ge operator, got {type(operator).__name__}")
         if any(o is not operator and o.GetName() == operator.GetName() for o in self._ops):
@@ -75,8 +75,6 @@ class Graph:
     # -- conversion ---------------------------------------------------------------------------
     def to_geir(self) -> GeirGraph:
         """The built geir graph (GraphError naming the op and the input or desc that is wrong)."""
-        from .._builder import GraphBuilder
-
         if not self._outputs:
             raise GraphError(f"graph '{self._name}': no outputs; call SetOutputs([...]) first")
         order = self._topological_order()

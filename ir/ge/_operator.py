@@ -13,7 +13,7 @@ from typing import Any
 
 from ...schemas import OpSchema, all_schemas, get_schema
 from .._errors import GraphError, SourceLocation, user_location
-from ._tensor import TensorDesc
+from ._tensor import Tensor, TensorDesc
 
 __all__ = ["Const", "Data", "OpNamespace", "Operator", "op"]
 
@@ -165,8 +165,6 @@ class Const(Operator):
     output_names = ("y",)
 
     def set_attr_value(self, tensor: Any) -> Const:
-        from ._tensor import Tensor
-
         if not isinstance(tensor, Tensor) or tensor.GetData() is None:
             raise GraphError(f"{self._subject()}: attribute 'value': expected a ge.Tensor with data, got {tensor!r}")
         self.attributes["value"] = tensor

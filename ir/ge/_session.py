@@ -18,10 +18,12 @@ from typing import Any
 
 from ...runtimes import get_runtime, runtime_names
 from ...schemas.targets import TARGETS
+from .._api import check
 from .._core import Graph as GeirGraph
 from .._errors import ExecutionError, GeirWarning, GraphError
+from .._onnx_export import save_onnx
 from ._graph import Graph
-from ._tensor import FAILED, SUCCESS, UNKNOWN_DIM, Tensor, TensorDesc, ge_data_type
+from ._tensor import FAILED, FORMAT_ND, SUCCESS, UNKNOWN_DIM, Shape, Tensor, TensorDesc, ge_data_type
 
 __all__ = ["GEFinalize", "GEGetErrorMsgV2", "GEGetWarningMsgV2", "GEInitialize", "Session", "aclgrphDumpGraph"]
 
@@ -127,9 +129,7 @@ class Session:
                 raise GraphError(f"Session.AddGraph: graph id {graph_id} is already added (RemoveGraph it first)")
             built = graph.to_geir()
             if self.target is not None:
-                from .. import _api
-
-                report = _api.check(built, self.target)
+                report = check(built, self.target)
                 if not report.ok:
                     raise GraphError(f"Session.AddGraph: {report}".rstrip(), rule=sorted(report.rules())[0])
             self._graphs[graph_id] = (built, get_runtime(self.runtime).compile(built))
@@ -200,8 +200,6 @@ def _feeds(graph: GeirGraph, inputs: list[Tensor]) -> dict[str, Any]:
 
 
 def _desc_of_array(array: Any, value: Any) -> TensorDesc:
-    from ._tensor import FORMAT_ND, Shape
-
     return TensorDesc(Shape(list(array.shape)), FORMAT_ND, ge_data_type(value.dtype))
 
 
@@ -212,8 +210,6 @@ def aclgrphDumpGraph(graph: Graph, file: str, length: int | None = None) -> int:
         if length is not None and length != len(file):
             raise GraphError(f"aclgrphDumpGraph: length: expected {len(file)} (the length of {file!r}), got {length}")
         built = graph.to_geir() if isinstance(graph, Graph) else graph
-        from .._onnx_export import save_onnx
-
         path = Path(file)
         if path.parent and not path.parent.exists():
             path.parent.mkdir(parents=True)
