@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ._errors import GraphError
 
-if TYPE_CHECKING:
-    from ._core import Graph
+
+class Graph(Protocol):
+    """What a picture reads from a ``geir.Graph`` (``_core`` imports this module, so it is not imported here)."""
+
+    name: str
+    inputs: Sequence[Any]
+    outputs: Sequence[Any]
+    constant_values: Sequence[Any]
+    nodes: Sequence[Any]
 
 __all__ = ["RENDER_TIMEOUT_S", "graph_to_dot", "render"]
 

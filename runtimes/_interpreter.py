@@ -9,6 +9,7 @@ and the wrapping of kernel failures with the node that failed.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +30,7 @@ NodeKernel = Callable[..., Any]
 """``kernel(*inputs, **attributes[, out=buffer]) -> array | tuple of arrays``."""
 
 
-class InterpretedExecutable:
+class InterpretedExecutable(ABC):
     """A verified graph scheduled for node-by-node execution.
 
     In-place: an aliased output may reuse its input's buffer only when the run created that
@@ -63,9 +64,9 @@ class InterpretedExecutable:
                     self.last_use[id(value)] = step
         self.symbolic = {n for n in self.order if is_symbolic(n)}
 
+    @abstractmethod
     def resolve(self, node: Node) -> tuple[NodeKernel, bool] | None:
         """The kernel that runs ``node`` and whether its fresh results are ours to own; None: no kernel."""
-        raise NotImplementedError
 
     def run(self, feeds: Mapping[str, np.ndarray],
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
