@@ -40,8 +40,8 @@ def test_bench_quick_prints_one_table_with_both_runtimes(capsys):
     for impl, count in (("naive NumPy formula", 4), ("np.copyto of the same bytes", 4 + 8),   # rows + targets naming it
                         ("same, into a fresh buffer", 4)):
         assert out.count(impl) >= count, impl
-    assert out.count("geir numpy, caller buffers") == 6 and out.count("geir onnxruntime, caller buffers") == 6
-    assert out.count("geir numpy") == 14 and out.count("geir onnxruntime") == 14    # grad and forward, two cases each
+    assert out.count("geir numpy, caller buffers") == 8 and out.count("geir onnxruntime, caller buffers") == 8
+    assert out.count("geir numpy") == 16 and out.count("geir onnxruntime") == 16    # grad and forward, two cases each
     summary = captured.out.strip().splitlines()[-1]
     assert summary.startswith("targets: ") and " met, " in summary and " missed (of " in summary
     assert "GB/s" in out
