@@ -21,9 +21,10 @@ from ...schemas.targets import TARGETS
 from .._api import check
 from .._core import Graph as GeirGraph
 from .._errors import ExecutionError, GeirWarning, GraphError
+from .._types import TensorType
 from .._onnx_export import save_onnx
-from ._graph import Graph
-from ._tensor import FAILED, FORMAT_ND, SUCCESS, UNKNOWN_DIM, Shape, Tensor, TensorDesc, ge_data_type
+from ._graph import Graph, desc_of
+from ._tensor import FAILED, SUCCESS, UNKNOWN_DIM, Tensor, ge_data_type
 
 __all__ = ["GEFinalize", "GEGetErrorMsgV2", "GEGetWarningMsgV2", "GEInitialize", "Session", "aclgrphDumpGraph"]
 
@@ -148,7 +149,7 @@ class Session:
             outputs.clear()
             for value in graph.outputs:
                 array = results[value.name]
-                outputs.append(Tensor(_desc_of_array(array, value), array))
+                outputs.append(Tensor(desc_of(TensorType(value.dtype, array.shape)), array))
 
         return self._answer(run)
 
@@ -197,10 +198,6 @@ def _feeds(graph: GeirGraph, inputs: list[Tensor]) -> dict[str, Any]:
                                  node=value.name)
         feeds[value.name] = data
     return feeds
-
-
-def _desc_of_array(array: Any, value: Any) -> TensorDesc:
-    return TensorDesc(Shape(list(array.shape)), FORMAT_ND, ge_data_type(value.dtype))
 
 
 def aclgrphDumpGraph(graph: Graph, file: str, length: int | None = None) -> int:

@@ -62,8 +62,6 @@ def _evaluate(node, args):
     kernel = kernel_for(node.schema)
     if kernel is not None:
         return kernel(*args, **node.attributes)
-    floating_target = node.op_type == "Cast" and node.outputs[0].dtype.is_floating or \
-        node.op_type == "CastLike" and node.outputs[0].dtype.is_floating
-    if node.op_type in _FLOAT_CASTS and floating_target and args[0].dtype == np.float64:
+    if node.op_type in _FLOAT_CASTS and node.outputs[0].dtype.is_floating and args[0].dtype == np.float64:
         return args[0].copy()
     return standard_kernel(node)(*args)
