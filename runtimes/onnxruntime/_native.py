@@ -1,5 +1,6 @@
 """The native custom-op library: built from the C files in ``native/`` (the ABI declarations in
-``abi.h``/``abi.c``, half-precision helpers in ``half.h``, one file per op family, registration)
+``abi.h``/``abi.c``, half-precision helpers in ``half.h``, one file per op family, the attention plan and
+the register-tiled matrix multiply it runs on, registration)
 into one shared object with the machine's C compiler on first use, cached, loaded into sessions,
 and proven by a self-test before it is trusted.
 
@@ -10,8 +11,8 @@ Trust rules for the cache (a library there runs its code inside this process):
   else, and its SHA-256 equals the one recorded beside it when geir built it (``<name>.sha256``);
   anything else is rebuilt, never loaded;
 - builds go to a private temporary file that is renamed into place (atomic), the compiler runs
-  with a time limit, and the self-test runs every kernel family (rotary, MoE forward and grad)
-  against the NumPy runtime before the library is used.
+  with a time limit, and the self-test runs every kernel family (rotary, MoE forward and grad, sparse
+  attention forward and grad) against the NumPy runtime before the library is used.
 
 ``GEIR_NATIVE=0`` (or ``false``, ``no``, ``off``) disables it; when it cannot be built, loaded or
 proven, sessions run the ONNX function bodies instead and geir says so once (a GeirWarning).
@@ -128,11 +129,24 @@ def _compiler() -> list[str]:
     return compiler
 
 
+def _cpu_identity() -> str:
+    """The CPU's model and feature flags: ``-march=native`` builds for this CPU, so a cache shared with a machine
+    of another kind must not hand it our library."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            text = f.read(1 << 16).decode("ascii", "replace")
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    lines = [line for line in text.splitlines() if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(lines)))
+
+
 def _build() -> Path:
     """The cached library for this source and compiler, verified or freshly built."""
     compiler = _compiler()
     source = b"".join(p.name.encode() + p.read_bytes() for p in sorted([*SOURCES, *NATIVE.glob("*.h")]))
-    key = hashlib.sha256(source + " ".join([*compiler, *CFLAGS, sys.platform]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join([*compiler, *CFLAGS, sys.platform, _cpu_identity()]).encode()).hexdigest()[:16]
     directory = _trusted_dir()
     target = directory / f"libgeir_ort-{key}.so"
     library = _read_trusted(target, MAX_LIBRARY_BYTES)
@@ -164,9 +178,8 @@ def _counter(path: Path) -> ctypes._CFuncPtr:
     return counter
 
 
-def _self_test(path: Path) -> None:
-    """Run each kernel family through a session with the library: its call counter must move and the
-    result must equal the NumPy runtime's bit for bit."""
+def _self_test_graph() -> tuple:
+    """One graph with a node of every kernel family, its feeds, and how many native calls it makes."""
     rng = np.random.default_rng(0)
     b = GraphBuilder("geir_native_self_test")
     x = b.input("x", "float16", (1, 2, 2, 8))
@@ -180,13 +193,35 @@ def _self_test(path: Path) -> None:
     ptg, pg = b.MoeTokenUnpermuteGrad(tokens, dy, indices, probs)
     b.output(ptg, "ptg")
     b.output(pg, "pg")
-    graph = b.build()
+    query = b.input("query", "float16", (1, 3, 2, 8))
+    key = b.input("key", "float16", (1, 4, 1, 8))
+    blocks = b.input("blocks", "int32", (1, 3, 1, 2))
+    d_out = b.input("d_out", "float16", (1, 3, 2, 8))
+    out, row_max, row_sum = b.SparseFlashAttention(query, key, key, blocks, scale_value=0.25, sparse_block_size=2,
+                                                   return_softmax_lse=True)
+    b.output(out, "attention")
+    d_query, d_key, d_value, _, _ = b.SparseFlashAttentionGrad(query, key, blocks, d_out, out, row_max, row_sum, key,
+                                                               scale_value=0.25, sparse_block_size=2)
+    b.output(d_query, "d_query")
+    b.output(d_key, "d_key")
     feeds = {"x": np.linspace(-2, 2, 32, dtype=np.float16).reshape(1, 2, 2, 8),
              "c": np.linspace(-1, 1, 16, dtype=np.float16).reshape(1, 2, 1, 8),
              "tokens": rng.standard_normal((6, 5)).astype(np.float32),
              "indices": rng.permutation(6).astype(np.int32),
              "probs": rng.uniform(size=(3, 2)).astype(np.float32),
-             "dy": rng.standard_normal((3, 5)).astype(np.float32)}
+             "dy": rng.standard_normal((3, 5)).astype(np.float32),
+             "query": rng.standard_normal((1, 3, 2, 8)).astype(np.float16),
+             "key": rng.standard_normal((1, 4, 1, 8)).astype(np.float16),
+             "blocks": np.array([[0, -1], [1, 0], [0, 1]], np.int32).reshape(1, 3, 1, 2),
+             "d_out": rng.standard_normal((1, 3, 2, 8)).astype(np.float16)}
+    return b.build(), feeds, 5
+
+
+def _self_test(path: Path) -> None:
+    """Run each kernel family through a session with the library: its call counter must move, and the result
+    must equal the NumPy runtime's (bit for bit where the contract fixes every rounding, within float16's
+    rounding for attention, whose matrix products may sum in another order)."""
+    graph, feeds, calls = _self_test_graph()
     options = ort.SessionOptions()
     options.register_custom_ops_library(str(path))
     counter = _counter(path)
@@ -195,15 +230,17 @@ def _self_test(path: Path) -> None:
                                    providers=["CPUExecutionProvider"])
     names = [v.name for v in graph.outputs]
     got = dict(zip(names, session.run(names, feeds)))
-    if counter() - before != 3:
-        raise RuntimeError(f"the self-test ran {counter() - before} of 3 native kernels (ONNX Runtime older than "
-                           f"1.17 offers no API version 17)")
+    if counter() - before != calls:
+        raise RuntimeError(f"the self-test ran {counter() - before} of {calls} native kernels (ONNX Runtime older "
+                           f"than 1.17 offers no API version 17)")
     want = NumpyRuntime().compile(graph).run(feeds)
     for name in ("rotary", "unpermuted", "ptg"):
         if not np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)):
             raise RuntimeError(f"the native kernel's self-test result '{name}' differs from the NumPy runtime")
-    if not np.allclose(got["pg"], want["pg"], rtol=1e-5, atol=1e-6):
-        raise RuntimeError("the native kernel's self-test result 'pg' differs from the NumPy runtime")
+    for name, tolerance in (("pg", 1e-5), ("attention", 2e-3), ("d_query", 2e-3), ("d_key", 2e-3)):
+        if not np.allclose(got[name].astype(np.float32), want[name].astype(np.float32), rtol=tolerance,
+                           atol=tolerance):
+            raise RuntimeError(f"the native kernel's self-test result '{name}' differs from the NumPy runtime")
 
 
 def _initialise() -> tuple[str | None, str | None]:

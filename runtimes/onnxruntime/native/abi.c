@@ -1,4 +1,6 @@
 /* geir native library: the OrtApi table, tensor access, errors, scratch allocation, test hooks. */
+#include <stdarg.h>
+
 #include "abi.h"
 
 const OrtApi* g_api GEIR_INTERNAL;
@@ -15,13 +17,17 @@ void* geir_scratch(size_t bytes, int zeroed) {
   return zeroed ? calloc(bytes, 1) : malloc(bytes);
 }
 
-OrtStatus* ort_error(const char* op, const char* fmt, long a, long b, long c) {
-  char msg[512];
-  char detail[400];
-  snprintf(detail, sizeof detail, fmt, a, b, c);
+OrtStatus* ort_errorf(const char* op, const char* fmt, ...) {
+  char detail[480], msg[600];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(detail, sizeof detail, fmt, args);
+  va_end(args);
   snprintf(msg, sizeof msg, "%s (geir native kernel): %s", op, detail);
   return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_INVALID_ARGUMENT, msg);
 }
+
+OrtStatus* ort_error(const char* op, const char* fmt, long a, long b, long c) { return ort_errorf(op, fmt, a, b, c); }
 
 OrtStatus* ort_out_of_memory(const char* op) {
   char msg[200];
@@ -61,6 +67,7 @@ OrtStatus* ort_input(OrtKernelContext* ctx, size_t index, Tensor* t, int* presen
 OrtStatus* ort_output(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t rank, Tensor* t) {
   OrtValue* value = NULL;
   OrtStatus* st = FN(KernelContextGetOutputFn, SLOT_KernelContext_GetOutput)(ctx, index, dims, rank, &value);
+  if (!st && !value) st = FN(CreateStatusFn, SLOT_CreateStatus)(ORT_INVALID_ARGUMENT, "an output the kernel writes is absent");
   return st ? st : ort_describe(value, t);
 }
 

@@ -7,7 +7,8 @@
  * is ONNX Runtime 1.17 (API version 17, which added KernelContext_ParallelFor); tests prove the
  * entries on the installed runtime and on 1.17.
  *
- * The library is one shared object built from abi.c, rotary.c, moe.c and register.c; internal
+ * The library is one shared object built from every .c file here (abi, rotary, moe, the attention plan and
+ * kernels, the matrix multiply, registration); internal
  * symbols are hidden, only RegisterCustomOps and the test hooks (geir_*) are exported.
  */
 #ifndef GEIR_ABI_H
@@ -52,7 +53,9 @@ enum {
   SLOT_GetDimensionsCount = 61,
   SLOT_GetDimensions = 62,
   SLOT_GetTensorTypeAndShape = 65,
+  SLOT_KernelInfoGetAttribute_float = 85,
   SLOT_KernelInfoGetAttribute_int64 = 86,
+  SLOT_KernelInfoGetAttribute_string = 87,
   SLOT_KernelContext_GetInputCount = 88,
   SLOT_KernelContext_GetInput = 90,
   SLOT_KernelContext_GetOutput = 91,
@@ -78,6 +81,8 @@ typedef OrtStatus* (*GetDimensionsCountFn)(const OrtTensorTypeAndShapeInfo*, siz
 typedef OrtStatus* (*GetDimensionsFn)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t);
 typedef OrtStatus* (*GetTensorTypeAndShapeFn)(const OrtValue*, OrtTensorTypeAndShapeInfo**);
 typedef void (*ReleaseTensorTypeAndShapeInfoFn)(OrtTensorTypeAndShapeInfo*);
+typedef OrtStatus* (*KernelInfoGetAttributeFloatFn)(const OrtKernelInfo*, const char*, float*);
+typedef OrtStatus* (*KernelInfoGetAttributeStringFn)(const OrtKernelInfo*, const char*, char*, size_t*);
 typedef OrtStatus* (*KernelInfoGetAttributeInt64Fn)(const OrtKernelInfo*, const char*, int64_t*);
 typedef OrtStatus* (*KernelInfoGetAttributeArrayInt64Fn)(const OrtKernelInfo*, const char*, int64_t*, size_t*);
 typedef OrtStatus* (*KernelContextGetInputCountFn)(const OrtKernelContext*, size_t*);
@@ -102,8 +107,9 @@ typedef struct {
 
 /* Every kernel allocation goes through geir_scratch() (abi.c), so the tests can make one fail. */
 GEIR_INTERNAL void* geir_scratch(size_t bytes, int zeroed);
-/* An ORT_INVALID_ARGUMENT status "<op> (geir native kernel): <fmt with a, b, c>". */
+/* An ORT_INVALID_ARGUMENT status "<op> (geir native kernel): <fmt with a, b, c>" (ort_errorf: any arguments). */
 GEIR_INTERNAL OrtStatus* ort_error(const char* op, const char* fmt, long a, long b, long c);
+GEIR_INTERNAL OrtStatus* ort_errorf(const char* op, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 GEIR_INTERNAL OrtStatus* ort_out_of_memory(const char* op);
 /* Input ``index`` described into ``t`` (``present`` 0 for an absent optional input); outputs likewise. */
 GEIR_INTERNAL OrtStatus* ort_input(OrtKernelContext* ctx, size_t index, Tensor* t, int* present);

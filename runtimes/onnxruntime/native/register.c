@@ -1,5 +1,6 @@
 /* Registration: one OrtCustomOp per (op, dtype combination), laid out at version 17. */
 #include "kernels.h"
+#include "sfa.h"
 
 typedef struct OrtCustomOp {
   uint32_t version;
@@ -26,24 +27,30 @@ typedef struct OrtCustomOp {
   int (*GetEndVersion)(const struct OrtCustomOp*);
 } OrtCustomOp;
 
-enum { K_ROPE, K_ROPE_GRAD, K_MOE, K_MOE_GRAD };
+enum { K_ROPE, K_ROPE_GRAD, K_MOE, K_MOE_GRAD, K_SFA, K_SFA_GRAD };
 
 typedef struct {
   OrtCustomOp op; /* first member: ONNX Runtime passes &op back to us */
-  int kind, n_in, n_out, in_types[4], out_types[2], optional_in;
+  int kind, n_in, n_out, in_types[12], out_types[5], optional_in, optional_out;
 } GeirOp;
 
 static const char* op_name(const OrtCustomOp* op) {
   static const char* names[] = {"InplacePartialRotaryMul", "InplacePartialRotaryMulGrad", "MoeTokenUnpermute",
-                                "MoeTokenUnpermuteGrad"};
+                                "MoeTokenUnpermuteGrad", "SparseFlashAttention", "SparseFlashAttentionGrad"};
   return names[((const GeirOp*)op)->kind];
 }
 /* The attributes each kind's kernel honours, compared with the schemas' by a test, so an attribute added
  * to a schema and forgotten here fails that test instead of being ignored silently. MoE's padded_mode is
  * honoured by refusal: the rules reject True before any session exists, so only False reaches a kernel;
- * restore_shape is ignored by the contract (spec 3, MU-S3). */
-static const char* const kind_attributes[] = {"rotary_mode,partial_slice", "rotary_mode,partial_slice",
-                                              "padded_mode,restore_shape", "padded_mode,restore_shape"};
+ * restore_shape is ignored by the contract (spec 3, MU-S3). The attention kernels read scale_value,
+ * sparse_block_size, the layouts, sparse_mode and return_softmax_lse; pre_tokens, next_tokens,
+ * attention_mode and deterministic do not change the contract's semantics (spec 4.3; the kernels are
+ * always deterministic). */
+static const char* const kind_attributes[] = {
+    "rotary_mode,partial_slice", "rotary_mode,partial_slice", "padded_mode,restore_shape", "padded_mode,restore_shape",
+    "scale_value,sparse_block_size,layout_query,layout_kv,sparse_mode,pre_tokens,next_tokens,attention_mode,"
+    "return_softmax_lse",
+    "scale_value,sparse_block_size,layout,sparse_mode,pre_tokens,next_tokens,deterministic"};
 
 static const char* provider(const OrtCustomOp* op) { return "CPUExecutionProvider"; }
 static int in_type(const OrtCustomOp* op, size_t i) { return ((const GeirOp*)op)->in_types[i]; }
@@ -53,7 +60,9 @@ static size_t out_count(const OrtCustomOp* op) { return (size_t)((const GeirOp*)
 static int in_characteristic(const OrtCustomOp* op, size_t i) {
   return (((const GeirOp*)op)->optional_in >> i) & 1 ? IO_OPTIONAL : IO_REQUIRED;
 }
-static int out_characteristic(const OrtCustomOp* op, size_t i) { return IO_REQUIRED; }
+static int out_characteristic(const OrtCustomOp* op, size_t i) {
+  return (((const GeirOp*)op)->optional_out >> i) & 1 ? IO_OPTIONAL : IO_REQUIRED;
+}
 static int memory_type(const OrtCustomOp* op, size_t i) { return 0; }
 static int one(const OrtCustomOp* op) { return 1; }
 static int last_version(const OrtCustomOp* op) { return 2147483647; }
@@ -61,6 +70,7 @@ static int last_version(const OrtCustomOp* op) { return 2147483647; }
 typedef struct {
   int kind;
   RotaryKernel rotary;
+  SfaKernel attention;
 } Kernel;
 
 static OrtStatus* create_kernel_v2(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
@@ -81,6 +91,13 @@ static OrtStatus* create_kernel_v2(const OrtCustomOp* op, const OrtApi* api, con
     k->rotary.end = slice[1];
     k->rotary.grad = k->kind == K_ROPE_GRAD;
   }
+  if (k->kind == K_SFA || k->kind == K_SFA_GRAD) {
+    OrtStatus* st = sfa_read_attributes(info, k->kind == K_SFA_GRAD, &k->attention);
+    if (st) {
+      free(k);
+      return st;
+    }
+  }
   *out = k;
   return NULL;
 }
@@ -94,8 +111,19 @@ static void* create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKe
 
 static OrtStatus* compute_v2(void* kernel, OrtKernelContext* ctx) {
   Kernel* k = (Kernel*)kernel;
-  if (k->kind == K_ROPE || k->kind == K_ROPE_GRAD) return rotary_compute(&k->rotary, ctx);
-  return k->kind == K_MOE ? moe_forward_compute(k, ctx) : moe_grad_compute(k, ctx);
+  switch (k->kind) {
+    case K_ROPE:
+    case K_ROPE_GRAD:
+      return rotary_compute(&k->rotary, ctx);
+    case K_MOE:
+      return moe_forward_compute(k, ctx);
+    case K_MOE_GRAD:
+      return moe_grad_compute(k, ctx);
+    case K_SFA:
+      return sfa_forward_compute(&k->attention, ctx);
+    default:
+      return sfa_grad_compute(&k->attention, ctx);
+  }
 }
 
 static void compute(void* kernel, OrtKernelContext* ctx) {
@@ -109,7 +137,7 @@ static void destroy(void* kernel) { free(kernel); }
 static GeirOp g_ops[MAX_OPS];
 static int g_op_count;
 
-static void add_op(int kind, int n_in, const int* in, int n_out, const int* out, int optional_in) {
+static void add_op(int kind, int n_in, const int* in, int n_out, const int* out, int optional_in, int optional_out) {
   GeirOp* g = &g_ops[g_op_count++];
   memset(g, 0, sizeof *g);
   g->kind = kind;
@@ -118,6 +146,7 @@ static void add_op(int kind, int n_in, const int* in, int n_out, const int* out,
   memcpy(g->in_types, in, (size_t)n_in * sizeof(int));
   memcpy(g->out_types, out, (size_t)n_out * sizeof(int));
   g->optional_in = optional_in;
+  g->optional_out = optional_out;
   OrtCustomOp* op = &g->op;
   op->version = GEIR_API_VERSION;
   op->CreateKernel = create_kernel;
@@ -151,18 +180,25 @@ static void declare_ops(void) {
     for (int b = 0; b < 3; b++) {
       int c = floats[b];
       int grad_in[3] = {x, c, c}, out1[1] = {x};
-      add_op(K_ROPE_GRAD, 3, grad_in, 1, out1, 0);
-      if (c == x || c == T_FLOAT) add_op(K_ROPE, 3, grad_in, 1, out1, 0);
+      add_op(K_ROPE_GRAD, 3, grad_in, 1, out1, 0, 0);
+      if (c == x || c == T_FLOAT) add_op(K_ROPE, 3, grad_in, 1, out1, 0, 0);
     }
     /* within one token dtype, probs dtype == token dtype first: the variant matched when probs is absent */
     for (int b = -1; b < 3; b++) {
       int p = b < 0 ? x : floats[b];
       if (b >= 0 && p == x) continue;
       int fwd_in[3] = {x, T_INT32, p}, fwd_out[1] = {x};
-      add_op(K_MOE, 3, fwd_in, 1, fwd_out, 1 << 2);
+      add_op(K_MOE, 3, fwd_in, 1, fwd_out, 1 << 2, 0);
       int grad_in[4] = {x, x, T_INT32, p}, grad_out[2] = {x, p};
-      add_op(K_MOE_GRAD, 4, grad_in, 2, grad_out, (1 << 0) | (1 << 3));
+      add_op(K_MOE_GRAD, 4, grad_in, 2, grad_out, (1 << 0) | (1 << 3), 0);
     }
+  }
+  for (int a = 1; a < 3; a++) { /* attention: all floating tensors float16, or all bfloat16 */
+    int h = floats[a], i32 = T_INT32, f = T_FLOAT;
+    int fwd_in[10] = {h, h, h, i32, i32, i32, i32, h, h, f}, fwd_out[3] = {h, f, f};
+    add_op(K_SFA, 10, fwd_in, 3, fwd_out, 0x3f0, 0);
+    int grad_in[12] = {h, h, i32, h, h, f, f, h, i32, i32, h, h}, grad_out[5] = {h, h, h, h, h};
+    add_op(K_SFA_GRAD, 12, grad_in, 5, grad_out, 0xf80, 0x1c);
   }
 }
 

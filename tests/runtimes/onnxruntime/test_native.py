@@ -11,7 +11,7 @@ import pytest
 
 import geir
 from geir.runtimes.onnxruntime import native_library, native_status
-from helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, moe_grad_graph, moe_graph, random_feeds, rotary_graph
+from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, empty_grad_slices_expected, moe_grad_graph, moe_graph, random_feeds, rotary_graph
 from native_helpers import requires_compiler, run_isolated
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
 
@@ -177,7 +177,7 @@ def test_unbuildable_library_falls_back_and_says_so_once():
 
 def test_the_native_dtype_table_is_the_schemas():
     """Every (op, dtypes) the library registers is a legal combination of the op's schema, and every
-    legal combination of the rotary and MoE schemas has a native kernel."""
+    legal combination of every schema has a native kernel."""
     from geir.schemas import get_schema
 
     lib = ctypes.CDLL(native_library())
@@ -185,12 +185,12 @@ def test_the_native_dtype_table_is_the_schemas():
     registered: dict[str, set[tuple]] = {}
     for i in range(lib.geir_op_count()):
         name, n_in, n_out, optional = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-        ins, outs = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
+        ins, outs = (ctypes.c_int * 12)(), (ctypes.c_int * 5)()
         assert lib.geir_op_entry(i, ctypes.byref(name), ins, ctypes.byref(n_in), outs, ctypes.byref(n_out),
                                  ctypes.byref(optional)) == 1
         types = tuple(geir.as_dtype(int(ins[k])) for k in range(n_in.value))
         registered.setdefault(name.value.decode(), set()).add(types)
-    assert set(registered) == {ROPE, ROPE_GRAD, "MoeTokenUnpermute", "MoeTokenUnpermuteGrad"}
+    assert set(registered) == {ROPE, ROPE_GRAD, "MoeTokenUnpermute", "MoeTokenUnpermuteGrad", SFA, SFA_GRAD}
     for op, combos in registered.items():
         legal = set(get_schema(op).type_combinations)
         assert combos == legal, (op, sorted(map(str, combos - legal)), sorted(map(str, legal - combos)))
@@ -204,7 +204,7 @@ def test_the_native_kernels_honour_every_attribute_of_their_schema():
     lib.geir_op_entry.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)] + [ctypes.c_void_p] * 5
     lib.geir_op_attributes.restype = ctypes.c_char_p
     for i in range(lib.geir_op_count()):
-        name, scratch = ctypes.c_char_p(), (ctypes.c_int * 8)()
+        name, scratch = ctypes.c_char_p(), (ctypes.c_int * 12)()
         lib.geir_op_entry(i, ctypes.byref(name), scratch, scratch, scratch, scratch, scratch)
         honoured = set(lib.geir_op_attributes(i).decode().split(","))
         declared = {a.name for a in get_schema(name.value.decode()).attributes}

@@ -1,0 +1,30 @@
+/* Register-tiled float32 matrix multiply over row pointers, for the attention kernels.
+ *
+ * C(i, j) (=, or += when accumulate) sum_p A(i, p) * B(p, j) for i < m, j < n, p < k, where
+ * A(i, p) = a_rows[i][p * a_step], B(p, j) = b_rows[p][j] and row i of C is c_rows[i]. Rows given by
+ * pointers let the attention kernels multiply gathered keys in place (no copy into a dense matrix) and
+ * read a transposed operand through a_step. n must be a multiple of GEIR_VEC floats and every B and C
+ * row must be readable / writable for n floats (the callers pad their rows with zeros).
+ *
+ * The micro-kernel keeps a 6 x 2*GEIR_VEC tile of C in registers and uses fused multiply-adds where
+ * the CPU has them; the summation order over p is fixed (blocks of GEIR_KC, then p ascending), so equal
+ * inputs give equal bits on every run. */
+#ifndef GEIR_GEMM_H
+#define GEIR_GEMM_H
+#include "abi.h"
+
+#if defined(__AVX512F__)
+#define GEIR_VEC 16
+#else
+#define GEIR_VEC 8
+#endif
+
+/* n rounded up to a whole number of vectors: the padded row width of every gemm operand. */
+static inline int64_t geir_padded(int64_t n) { return (n + GEIR_VEC - 1) / GEIR_VEC * GEIR_VEC; }
+
+GEIR_INTERNAL void geir_gemm(int64_t m, int64_t n, int64_t k, const float* const* a_rows, int64_t a_step,
+                             const float* const* b_rows, float* const* c_rows, int accumulate);
+/* The vector width and tile the library was built with, for the benchmark's report. */
+int geir_gemm_vector_floats(void);
+
+#endif

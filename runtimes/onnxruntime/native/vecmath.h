@@ -1,0 +1,47 @@
+/* Vector helpers for the attention kernels: GCC vector types of the gemm's width, a select, and a
+ * float32 exp accurate to about 1 ulp (Cephes' polynomial on [-ln2/2, ln2/2] scaled by 2^n), so the
+ * softmax runs GEIR_VEC lanes at a time instead of one libm call per score. */
+#ifndef GEIR_VECMATH_H
+#define GEIR_VECMATH_H
+#include "gemm.h"
+
+typedef float vf __attribute__((vector_size(GEIR_VEC * 4)));
+typedef int32_t vi __attribute__((vector_size(GEIR_VEC * 4)));
+
+static inline vf vf_load(const float* p) {
+  vf v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void vf_store(float* p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vf_splat(float x) {
+  vf v;
+  for (int i = 0; i < GEIR_VEC; i++) v[i] = x;
+  return v;
+}
+/* mask ? a : b, lane by lane (mask lanes are all ones or all zeros, as comparisons give). */
+static inline vf vf_select(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+
+/* e^x; exactly 0 below the smallest normal result, inf above the largest, NaN for NaN. */
+static inline vf vf_exp(vf x) {
+  const vf lo = vf_splat(-87.33654f), hi = vf_splat(88.72283f), round = vf_splat(12582912.0f);
+  vf xc = vf_select(x < lo, lo, vf_select(x > hi, hi, x));
+  vf n = (xc * vf_splat(1.44269504f) + round) - round; /* nearest integer of x / ln 2 */
+  vf r = (xc - n * vf_splat(0.693359375f)) - n * vf_splat(-2.12194440e-4f);
+  vf p = vf_splat(1.9875691500e-4f);
+  p = p * r + vf_splat(1.3981999507e-3f);
+  p = p * r + vf_splat(8.3334519073e-3f);
+  p = p * r + vf_splat(4.1665795894e-2f);
+  p = p * r + vf_splat(1.6666665459e-1f);
+  p = p * r + vf_splat(5.0000001201e-1f);
+  vf y = (p * r * r + r) + vf_splat(1.0f);
+  vi k = __builtin_convertvector(n, vi), top = k > 127; /* 2^128 is not a float: scale by 2^127, then 2 */
+  k += top;                                              /* comparison lanes are -1 where true */
+  y = y * (vf)((k + 127) << 23);
+  y = vf_select(top, y + y, y);
+  y = vf_select(x < lo, vf_splat(0.0f), y);
+  y = vf_select(x > hi, vf_splat(__builtin_inff()), y);
+  return vf_select(x != x, x, y);
+}
+
+#endif
