@@ -411,10 +411,19 @@ static void key_output_task(void* user, size_t task) {
   free(merged);
 }
 
+/* Key tasks per grad call when above 0: a test hook (geir_sfa_key_tasks) proving that the split of the keys
+ * among tasks does not change a bit. */
+static long g_key_tasks;
+void geir_sfa_key_tasks(long tasks) { __atomic_store_n(&g_key_tasks, tasks, __ATOMIC_SEQ_CST); }
+/* Pairs per chunk when above 0 (default: what GRAD_CHUNK_BYTES holds): the test hook for chunk boundaries. */
+static long g_chunk_pairs;
+void geir_sfa_chunk_pairs(long pairs) { __atomic_store_n(&g_chunk_pairs, pairs, __ATOMIC_SEQ_CST); }
+
 /* Split the compact keys among tasks of about equal entry counts (every split gives the same bits). */
 static OrtStatus* own_keys(GradJob* job) {
   SfaPlan* p = job->s.p;
-  int64_t n = p->distinct > 0 ? p->distinct : 1, tasks = 2 * sfa_cpu_count();
+  long forced = __atomic_load_n(&g_key_tasks, __ATOMIC_SEQ_CST);
+  int64_t n = p->distinct > 0 ? p->distinct : 1, tasks = forced > 0 ? forced : 2 * sfa_cpu_count();
   if (tasks > n) tasks = n;
   int64_t* count = (int64_t*)geir_scratch((size_t)n * sizeof(int64_t), 1);
   job->owner = (int32_t*)geir_scratch((size_t)n * sizeof(int32_t), 0);
@@ -502,6 +511,8 @@ static OrtStatus* grad_chunks(OrtKernelContext* ctx, GradJob* job) {
   job->side_floats = g * p->dkp + p->dk * gp + g * p->d2p + p->d2 * gp + 3 * gp;
   int64_t budget = GRAD_CHUNK_BYTES / (int64_t)sizeof(float), per_pair_max = job->side_floats + p->max_selected * gp;
   int64_t pairs_max = budget / per_pair_max > 1 ? budget / per_pair_max : 1;
+  long forced = __atomic_load_n(&g_chunk_pairs, __ATOMIC_SEQ_CST);
+  if (forced > 0) pairs_max = forced;
   if (pairs_max > p->pairs) pairs_max = p->pairs > 0 ? p->pairs : 1;
   job->side = (float*)geir_scratch((size_t)(pairs_max * job->side_floats) * sizeof(float), 0);
   job->ds = (float*)geir_scratch((size_t)((pairs_max * p->max_selected + 1) * gp) * sizeof(float), 0);

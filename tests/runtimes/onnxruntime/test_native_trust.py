@@ -78,6 +78,43 @@ def test_failed_scratch_allocation_is_an_error_not_zeros(op, fail_at):
         np.testing.assert_allclose(again[key], want[key], rtol=1e-6)
 
 
+SFA_ALLOCATIONS = {"forward": (0, 3, 6, 8, 9), "grad": (0, 8, 9, 12, 15, 16, 17)}
+"""Scratch allocations of the attention kernels, in order: row metadata, block starts, the ids-seen stamps,
+the entries, a row's positions, the key map both ways, the widened keys and values (0-8); then the forward's
+task scratch (9); the grad's dK/dV sums (9, 10), key split (11-14), query-side data and dS (15, 16) and its
+tasks' scratch (17 on)."""
+
+
+@requires_compiler
+@pytest.mark.parametrize("op, fail_at", [(op, n) for op, ns in SFA_ALLOCATIONS.items() for n in ns])
+def test_failed_attention_allocation_is_an_error_not_zeros(op, fail_at):
+    from geir.schemas.sparse_attention.examples import SfaCase
+    from helpers import SFA, SFA_GRAD, sfa_graph
+    case = SfaCase(B=1, S1=4, S2=8, N1=2, D=8, D2=8, K=3, mode=0, seed=1)
+    arrays = case.arrays()
+    graph, feeds = sfa_graph(arrays, SFA, **case.forward_attrs())
+    name = SFA
+    if op == "grad":
+        out = geir.run(graph, feeds)
+        grad = {"query": arrays["query"], "key": arrays["key"], "sparse_indices": arrays["sparse_indices"],
+                "d_out": arrays["query"], "out": out["attention_out"], "softmax_max": out["softmax_max"],
+                "softmax_sum": out["softmax_sum"], "value": arrays["value"]}
+        graph, feeds = sfa_graph(grad, SFA_GRAD, **case.grad_attrs())
+        name = SFA_GRAD
+    want = geir.run(graph, feeds, runtime="onnxruntime")
+    library = ctypes.CDLL(native_library())
+    library.geir_fail_allocation.argtypes = [ctypes.c_long]
+    library.geir_fail_allocation(fail_at)
+    try:
+        with pytest.raises(ExecutionError, match=rf"{name} \(geir native kernel\): out of memory"):
+            geir.run(graph, feeds, runtime="onnxruntime")
+    finally:
+        library.geir_fail_allocation(-1)
+    again = geir.run(graph, feeds, runtime="onnxruntime")
+    for key in want:
+        assert np.array_equal(again[key].view(np.uint16), want[key].view(np.uint16)), key
+
+
 @requires_compiler
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_cached_library_is_rebuilt_never_loaded(tmp_path, damage):
