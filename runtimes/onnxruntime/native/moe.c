@@ -65,6 +65,20 @@ static void moe_forward_task(void* user, size_t task) {
   free(acc);
 }
 
+#define PREFETCH_ROWS 4
+
+/* o = d * w with non-temporal stores where the CPU has them: the output is written once and not read
+ * back here, so it skips the cache (no read-for-ownership of every line). */
+static void scale_row_streaming(float* o, const float* d, float w, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX__)
+  for (; i < n && ((uintptr_t)(o + i) & 31u); i++) o[i] = d[i] * w;
+  __m256 vw = _mm256_set1_ps(w);
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(d + i), vw));
+#endif
+  for (; i < n; i++) o[i] = d[i] * w;
+}
+
 /* The grad walks the OUTPUT rows in order (slot_of_row inverts sorted_indices): permuted_tokens is
  * read and permuted_tokens_grad written sequentially, and with expert-sorted rows the dY reads
  * sweep each expert's tokens in order. */
@@ -81,9 +95,14 @@ static void moe_grad_task(void* user, size_t task) {
   float *dy = buf, *row = buf + H;
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
   if (last > M) last = M;
+  size_t row_bytes = (size_t)H * gs;
   for (int64_t r = first; r < last; r++) {
     int64_t slot = slot_of_row[r], t = slot / K;
-    const char* grad_row = (const char*)j->grad.data + (size_t)t * H * gs;
+    const char* grad_row = (const char*)j->grad.data + (size_t)t * row_bytes;
+    if (r + PREFETCH_ROWS < last) { /* dY rows are read in slot order, scattered: fetch one ahead of its use */
+      const char* ahead = (const char*)j->grad.data + (size_t)(slot_of_row[r + PREFETCH_ROWS] / K) * row_bytes;
+      for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+    }
     char* out_row = (char*)j->out.data + (size_t)r * H * gs;
     if (!j->has_probs) {
       memcpy(out_row, grad_row, (size_t)H * gs);
@@ -96,8 +115,7 @@ static void moe_grad_task(void* user, size_t task) {
     if (j->grad.type == T_FLOAT) { /* float32: read and write the tensors directly, one pass each */
       d = (const float*)grad_row;
       p = (const float*)((const char*)j->tokens.data + (size_t)r * H * gs);
-      float* o = (float*)out_row;
-      for (int64_t i = 0; i < H; i++) o[i] = d[i] * w;
+      scale_row_streaming((float*)out_row, d, w, H);
     } else {
       load_f32(grad_row, j->grad.type, dy, (size_t)H);
       for (int64_t i = 0; i < H; i++) row[i] = dy[i] * w;
@@ -114,6 +132,9 @@ static void moe_grad_task(void* user, size_t task) {
     float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     store_f32(&dot, j->probs.type, (char*)j->probs_grad.data + (size_t)slot * elem_size(j->probs.type), 1);
   }
+#if defined(__AVX__)
+  _mm_sfence(); /* streamed stores are visible before the task ends */
+#endif
   free(buf);
 }
 
