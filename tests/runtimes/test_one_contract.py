@@ -240,3 +240,24 @@ def test_unequal_symbols_error_names_declare_equal():
     indices = b.input("indices", "int32", ("M",))
     with pytest.raises(geir.GraphError, match=r"\[MG-S2\].*got M; .*declare_equal\('T', 'M'\)"):
         b.MoeTokenUnpermuteGrad(None, dy, indices, name="moe")
+
+
+def test_feeds_of_exact_dtype_and_shape_take_the_short_check_and_others_the_full_one():
+    """The short path (a few comparisons per feed) accepts only what the full check accepts, unchanged."""
+    from geir.runtimes._feeds import validate_feeds
+
+    b = geir.GraphBuilder("short")
+    x = b.input("x", "float32", (2, 3))
+    b.output(b.op("Identity", x), "y")
+    g = b.build()
+    exact = np.ones((2, 3), np.float32)
+    arrays, bindings = validate_feeds(g, {"x": exact})
+    assert arrays["x"] is exact and bindings == {}
+    swapped = exact.astype(">f4")                       # same values, other byte order: converted, not refused
+    assert validate_feeds(g, {"x": swapped})[0]["x"].dtype == np.float32
+    for feeds, message in [({"x": exact.astype(np.float64)}, "expected dtype float32, got float64"),
+                           ({"x": np.ones((3, 2), np.float32)}, "dim 0: expected 2, got 3"),
+                           ({"x": exact, "z": exact}, r"unexpected feed\(s\) \['z'\]"),
+                           ({"z": exact}, r"unexpected feed\(s\) \['z'\]")]:
+        with pytest.raises(geir.ExecutionError, match=message):
+            validate_feeds(g, feeds)
