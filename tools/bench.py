@@ -55,6 +55,21 @@ def _torch():
     return torch
 
 
+def _torch_compiled(torch, op: str, case: str, fn: Callable, args: tuple, work: float, unit: str) -> list["Measurement"]:
+    """``torch.compile`` of the eager peer's math, when it works on this machine: the first call compiles (its
+    time is reported in the row's name, not counted), the row times the compiled calls. A machine where
+    compiling fails gets a row saying why instead of a time."""
+    compiled = torch.compile(fn, dynamic=False)
+    start = time.perf_counter()
+    try:
+        compiled(*args)
+    except Exception as exc:   # an inductor without a working C++ toolchain, say: report it, measure the rest
+        print(f"torch.compile unavailable for {op} ({case}): {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        return []
+    seconds = time.perf_counter() - start
+    return [Measurement(op, case, f"torch.compile (compiled in {seconds:.0f} s)", lambda: compiled(*args), work, unit)]
+
+
 @dataclass
 class Measurement:
     op: str
@@ -130,7 +145,7 @@ def _as_torch(torch, array: np.ndarray):
     return torch.from_numpy(array.copy())
 
 
-def _rotary_case(spec: RotaryCase) -> list[Measurement]:
+def _rotary_case(spec: RotaryCase, compiled: bool) -> list[Measurement]:
     """One case's measurements; a function of its own so every closure binds this case's arrays."""
     torch = _torch()
     arrays = spec.arrays()
@@ -151,6 +166,9 @@ def _rotary_case(spec: RotaryCase) -> list[Measurement]:
         t_args = [_as_torch(torch, a) for a in feeds.values()]
         rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_rotary_grad(torch, *t_args, *pslice),
                                 moved, "GB/s"))
+        if compiled:
+            rows += _torch_compiled(torch, op, case, lambda *a: torch_rotary_grad(torch, *a, *pslice), tuple(t_args),
+                                    moved, "GB/s")
     fwd = spec.arrays(cos_dtype="float32")
     rows += _runtimes("InplacePartialRotaryMul", case, fwd, ("y",), moved, "GB/s", "rope",
                       {**MEMORY_TARGETS, **numpy_target}, buffers=True, **spec.attributes())
@@ -158,7 +176,7 @@ def _rotary_case(spec: RotaryCase) -> list[Measurement]:
 
 
 def rotary_measurements(quick: bool) -> list[Measurement]:
-    return [m for spec in rotary.examples.BENCH["quick" if quick else "bench"] for m in _rotary_case(spec)]
+    return [m for spec in rotary.examples.BENCH["quick" if quick else "bench"] for m in _rotary_case(spec, not quick)]
 
 
 # -- MoE -------------------------------------------------------------------------------------------
@@ -181,7 +199,7 @@ def torch_moe_grad(torch, tokens, grad, indices, probs):
     return out, pg.to(probs.dtype)
 
 
-def _moe_case(spec: MoeCase) -> list[Measurement]:
+def _moe_case(spec: MoeCase, compiled: bool) -> list[Measurement]:
     """One case's measurements; a function of its own so every closure binds this case's arrays."""
     torch = _torch()
     feeds = spec.arrays()
@@ -199,6 +217,8 @@ def _moe_case(spec: MoeCase) -> list[Measurement]:
     if torch is not None:
         t_args = [_as_torch(torch, a) for a in feeds.values()]
         rows.append(Measurement(op, case, "PyTorch eager", lambda: torch_moe_grad(torch, *t_args), moved, "GB/s"))
+        if compiled:
+            rows += _torch_compiled(torch, op, case, lambda *a: torch_moe_grad(torch, *a), tuple(t_args), moved, "GB/s")
     fwd = {"permuted_tokens": feeds["permuted_tokens"], "sorted_indices": feeds["sorted_indices"],
            "probs": feeds["probs"]}
     rows += _runtimes("MoeTokenUnpermute", case, fwd, ("y",), feeds["permuted_tokens"].nbytes +
@@ -208,7 +228,7 @@ def _moe_case(spec: MoeCase) -> list[Measurement]:
 
 
 def moe_measurements(quick: bool) -> list[Measurement]:
-    return [m for spec in moe.examples.BENCH["quick" if quick else "bench"] for m in _moe_case(spec)]
+    return [m for spec in moe.examples.BENCH["quick" if quick else "bench"] for m in _moe_case(spec, not quick)]
 
 
 # -- sparse flash attention --------------------------------------------------------------------------
@@ -235,15 +255,15 @@ def torch_sfa_grad(torch, f: dict, scale: float):
 
 
 def sfa_measurements(quick: bool) -> list[Measurement]:
-    return _sfa_case(sparse_attention.examples.BENCH["quick" if quick else "bench"])
+    return _sfa_case(sparse_attention.examples.BENCH["quick" if quick else "bench"], not quick)
 
 
 def sfa_cann_measurements(quick: bool) -> list[Measurement]:
     """The CANN-sized attention shape (issue 13): its own suite, which --quick skips."""
-    return [] if quick else _sfa_case(sparse_attention.examples.BENCH["cann"])
+    return [] if quick else _sfa_case(sparse_attention.examples.BENCH["cann"], True)
 
 
-def _sfa_case(spec) -> list[Measurement]:
+def _sfa_case(spec, compiled: bool) -> list[Measurement]:
     feeds = {k: v for k, v in spec.arrays().items() if v is not None}
     batch, seq_q, seq_kv, heads, topk, d, dr = spec.B, spec.S1, spec.S2, spec.N1, spec.K, spec.D, spec.Dr
     scale = spec.scale
@@ -273,6 +293,9 @@ def _sfa_case(spec) -> list[Measurement]:
         t_feeds = {k: _as_torch(torch, v) for k, v in grad_feeds.items()}
         rows.append(Measurement("SparseFlashAttentionGrad", case, "PyTorch eager", lambda: torch_sfa_grad(
             torch, t_feeds, scale), grad_flops, "GFLOP/s"))
+        if compiled:
+            rows += _torch_compiled(torch, "SparseFlashAttentionGrad", case, lambda f: torch_sfa_grad(torch, f, scale),
+                                    (t_feeds,), grad_flops, "GFLOP/s")
     rows += _runtimes("SparseFlashAttention", case, feeds, ("out", "softmax_max", "softmax_sum"), forward_flops,
                       "GFLOP/s", "sfa", ATTENTION_TARGETS["SparseFlashAttention"], return_softmax_lse=True, **attrs)
     return rows
