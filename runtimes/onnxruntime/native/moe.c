@@ -38,7 +38,14 @@ static void moe_forward_task(void* user, size_t task) {
   float* row = acc + H;
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
   if (last > j->tokens_n) last = j->tokens_n;
+  size_t row_bytes = (size_t)H * ts;
   for (int64_t t = first; t < last; t++) {
+    if (t + 1 < last) /* the next token's rows are scattered over permuted_tokens: fetch them while this one sums */
+      for (int64_t k = 0; k < K; k++) {
+        int64_t r = s[(t + 1) * K + k];
+        if (r < j->rows)
+          for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char*)j->tokens.data + (size_t)r * row_bytes + b, 0, 3);
+      }
     for (int64_t k = 0; k < K; k++) {
       int64_t r = s[t * K + k];
       float w = 1.0f;
@@ -47,17 +54,24 @@ static void moe_forward_task(void* user, size_t task) {
         load_f32((const char*)j->probs.data + (size_t)(t * K + k) * ps, j->probs.type, &w, 1);
         keep = keep && w != 0.0f;
       }
-      if (keep) {
-        load_f32((const char*)j->tokens.data + (size_t)r * H * ts, j->tokens.type, row, (size_t)H);
-        if (j->has_probs)
-          for (int64_t i = 0; i < H; i++) row[i] *= w;
+      const float* src = row;
+      if (keep && j->tokens.type == T_FLOAT) { /* float32: weight the row where it lies, no copy */
+        src = (const float*)((const char*)j->tokens.data + (size_t)r * row_bytes);
+      } else if (keep) {
+        load_f32((const char*)j->tokens.data + (size_t)r * row_bytes, j->tokens.type, row, (size_t)H);
       } else {
-        for (int64_t i = 0; i < H; i++) row[i] = j->has_probs ? 0.0f * w : 0.0f;
+        for (int64_t i = 0; i < H; i++) row[i] = 0.0f;
       }
-      if (k == 0)
-        memcpy(acc, row, (size_t)H * sizeof(float));
+      /* acc = r0 * w0 (+ r1 * w1) ...: each product rounded, then added in k order, as the NumPy kernel
+       * (a dropped or zero-weight slot adds 0 * w, which keeps the sign of the NumPy kernel's zeros) */
+      if (k == 0 && j->has_probs)
+        for (int64_t i = 0; i < H; i++) acc[i] = src[i] * w;
+      else if (k == 0)
+        memcpy(acc, src, (size_t)H * sizeof(float));
+      else if (j->has_probs)
+        for (int64_t i = 0; i < H; i++) acc[i] += src[i] * w;
       else
-        for (int64_t i = 0; i < H; i++) acc[i] += row[i];
+        for (int64_t i = 0; i < H; i++) acc[i] += src[i];
     }
     for (int64_t i = 0; i < H; i++) acc[i] += 0.0f; /* as the NumPy kernel: a lone -0 becomes +0 */
     store_f32(acc, j->tokens.type, (char*)j->out.data + (size_t)t * H * ts, (size_t)H);
