@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -156,13 +157,8 @@ def _build() -> Path:
     fd, temp = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
     os.close(fd)
     try:
-        try:
-            result = subprocess.run([*compiler, *CFLAGS, "-o", temp, *map(str, SOURCES)], capture_output=True, text=True,
-                                    timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{compiler[0]} did not finish within {COMPILE_TIMEOUT_S:g} s") from None
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler[0]} failed: {result.stderr.strip()[:500]}")
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".objects-") as objects:
+            _compile(compiler, Path(objects), temp)
         built = Path(temp).read_bytes()
         _write_atomically(directory, target.name + ".sha256", hashlib.sha256(built).hexdigest().encode())
         os.chmod(temp, 0o700)
@@ -170,6 +166,32 @@ def _build() -> Path:
     finally:
         Path(temp).unlink(missing_ok=True)
     return target
+
+
+def _compile(compiler: list[str], objects: Path, library: str) -> None:
+    """Compile every source to an object file at once (one compiler process each, so a machine's cores share
+    the work), then link them into ``library``; all within COMPILE_TIMEOUT_S, every process stopped past it."""
+    deadline = time.monotonic() + COMPILE_TIMEOUT_S
+    flags = [f for f in CFLAGS if f != "-shared"]
+    outputs = [objects / f"{source.stem}.o" for source in SOURCES]
+    steps = [[[*compiler, *flags, "-c", "-o", str(o), str(s)] for s, o in zip(SOURCES, outputs)],
+             [[*compiler, *CFLAGS, "-o", library, *map(str, outputs)]]]
+    for commands in steps:
+        processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                      text=True) for c in commands]
+        try:
+            for process in processes:
+                try:
+                    _, errors = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"{compiler[0]} did not finish within {COMPILE_TIMEOUT_S:g} s") from None
+                if process.returncode != 0:
+                    raise RuntimeError(f"{compiler[0]} failed: {errors.strip()[:500]}")
+        finally:
+            for process in processes:
+                if process.returncode is None:   # not yet waited for: stop it, reap it, close its pipes
+                    process.kill()
+                    process.communicate()
 
 
 def _counter(path: Path) -> ctypes._CFuncPtr:
