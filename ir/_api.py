@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from onnx import ModelProto
 
 from ..passes import CheckTarget
+from ..passes.autodiff import differentiate
 from ..runtimes import get_runtime
+from ._builder import GraphBuilder
 from ._core import Graph
 from ._errors import GraphError
 from ._onnx_import import from_onnx
 
-__all__ = ["as_graph", "check", "run"]
+__all__ = ["as_graph", "check", "grad", "run"]
 
 GraphLike = Graph | ModelProto | str | os.PathLike
 
@@ -54,3 +56,19 @@ def check(graph: GraphLike, target: str, strict: bool = False):
     check_pass = CheckTarget(target, strict)
     check_pass(as_graph(graph, "geir.check"))
     return check_pass.report
+
+
+def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None,
+         outputs: Sequence[str] | str | None = None) -> Graph:
+    """Reverse-mode derivative of a built graph (or an ONNX model or file), as a new graph.
+
+    Its inputs are the graph's inputs plus ``grad_<output>`` (the cotangent) for each output differentiated
+    (``outputs``, default: every floating output); its outputs are the graph's outputs followed by
+    ``grad_<input>`` for each input of ``wrt`` (default: every floating input). Our ops become their CANN
+    gradient ops (SparseFlashAttention is rewritten to return the softmax statistics its grad reads).
+
+    Raises:
+        GraphError: an unknown or non-floating name, or an op on the way without a VJP rule (named).
+    """
+    forward = as_graph(graph, "geir.grad")
+    return differentiate(forward, GraphBuilder(f"{forward.name}_grad"), wrt, outputs)

@@ -9,6 +9,8 @@ from ._registry import all_schemas, get_schema, register
 from ._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
 from ._registry import import_families
 
+from . import standard_vjp  # noqa: F401,E402  (registers the VJPs of the standard ops)
+
 FAMILIES = import_families(__name__, __path__, packages_only=True)
 """The op-family folders found here (each registers its ops, bodies and device rows when imported)."""
 

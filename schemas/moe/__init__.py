@@ -7,7 +7,7 @@ benchmarks measure.
 
 from __future__ import annotations
 
-from . import body, examples, targets  # noqa: F401  (they register the lowerings, examples and target rows)
+from . import body, examples, targets, vjp  # noqa: F401  (they register the lowerings, examples, target rows, VJPs)
 from .schema import FORWARD, GRAD
 
 __all__ = ["FORWARD", "GRAD"]

@@ -10,7 +10,7 @@ logical key of a paged KV cache lives (PA_BSND, spec 4.11).
 
 from __future__ import annotations
 
-from . import body, examples, targets  # noqa: F401  (they register the lowerings, examples and target rows)
+from . import body, examples, targets, vjp  # noqa: F401  (they register the lowerings, examples, target rows, VJPs)
 from .schema import FORWARD, GRAD, INT64_MAX, PAGED, is_paged, role_sizes
 
 __all__ = ["FORWARD", "GRAD", "INT64_MAX", "PAGED", "is_paged", "role_sizes"]

@@ -32,12 +32,23 @@ def _widen(array: np.ndarray | None) -> np.ndarray | None:
     return array.astype(np.float64)
 
 
-def reference(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph's outputs computed in float64, each rounded once to its declared dtype."""
+def reference(graph: Graph, feeds: Mapping[str, np.ndarray], rounded: bool = True) -> dict[str, np.ndarray]:
+    """The graph's outputs computed in float64, each rounded once to its declared dtype.
+
+    With ``rounded=False`` the outputs stay float64 and a floating input may also be fed a float64 array,
+    used exactly as given (finite differences need perturbations finer than the input dtype); its shape and
+    every other check still apply.
+    """
     if not {"verified", "typed"} <= graph.properties:
         raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
+    exact: dict[str, np.ndarray] = {}
+    if not rounded and isinstance(feeds, Mapping):
+        declared = {v.name: v.dtype for v in graph.inputs}
+        exact = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype == np.float64
+                 and k in declared and declared[k].is_floating}
+        feeds = {k: (v.astype(declared[k].numpy) if k in exact else v) for k, v in feeds.items()}
     env, _ = validate_feeds(graph, feeds)
-    env = {name: _widen(array) for name, array in env.items()}
+    env = {name: exact[name] if name in exact else _widen(array) for name, array in env.items()}
     env.update({name: _widen(array) for name, array in graph.constants.items()})
     live = live_nodes(graph)
     for node in graph.topological_order():
@@ -55,6 +66,8 @@ def reference(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.nda
         for value, array in zip(node.outputs, results if isinstance(results, tuple) else (results,)):
             if value is not None:
                 env[value.name] = array
+    if not rounded:
+        return {v.name: np.array(env[v.name]) for v in graph.outputs}
     return {v.name: np.asarray(env[v.name]).astype(v.dtype.numpy) for v in graph.outputs}
 
 

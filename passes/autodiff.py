@@ -1,0 +1,237 @@
+"""Reverse-mode differentiation of a built graph: ``geir.grad(graph, wrt=None, outputs=None)``.
+
+The result is a new graph: the forward graph's inputs plus one cotangent input ``grad_<output>`` per
+differentiated output; its outputs are the forward outputs followed by ``grad_<input>`` for each input
+of ``wrt``. The forward nodes are copied (a rule may rewrite its node, as attention does to return its
+softmax statistics), then every node that lies between a ``wrt`` input and a differentiated output
+gets its vector-Jacobian product from the rule registered for its op, in reverse topological order;
+contributions to one value are summed with Add.
+
+Rules live with their op families (``schemas/<family>/vjp.py``, ``schemas/standard_vjp.py``) and
+register with ``schemas.vjp.register_vjp``. The derivative graph is emitted through a GraphBuilder the
+caller hands in (``geir.grad`` does), so every node is checked as it is added. A rule receives the ``VjpContext`` (which emits nodes into the
+new graph), the forward node and the cotangent of each output (None where none flows), and returns
+one cotangent (or None) per input, each of that input's type. An op without a rule is a GraphError
+naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..ir._core import Graph, Node, Value
+from ..ir._errors import GraphError
+from ..ir._types import TensorType
+from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
+
+if TYPE_CHECKING:
+    from ..ir._builder import GraphBuilder
+
+__all__ = ["ACCOUNTED", "VjpContext", "differentiate"]
+
+ACCOUNTED = object()
+"""What a rule returns for an input whose cotangent it has already added to another input's (attention's KV
+merge adds d_value into d_key when value is key's prefix)."""
+
+
+class VjpContext:
+    """What a rule works with: the new graph's builder, the forward-to-new value map, small emitters."""
+
+    def __init__(self, builder: GraphBuilder, forward: Graph) -> None:
+        self.b = builder
+        self.forward = forward
+        self.mapping: dict[int, Value] = {}
+        self._count = 0
+        self.state: dict[int, Any] = {}
+        """Per forward node, what its rewrite left for its rule (attention: the statistics it now returns)."""
+
+    # -- values ------------------------------------------------------------------------------------
+    accounted = ACCOUNTED
+
+    def new(self, value: Value | None) -> Value | None:
+        """The new graph's value for a forward value (None stays None)."""
+        return None if value is None else self.mapping[id(value)]
+
+    def constant_of(self, value: Value | None) -> np.ndarray | None:
+        """The array of a forward value that is a graph constant, else None."""
+        if value is None or value.producer is not None:
+            return None
+        return self.forward.constants.get(value.name)
+
+    def fresh(self, stem: str) -> str:
+        self._count += 1
+        return f"vjp_{stem}_{self._count}"
+
+    def const(self, array: np.ndarray, stem: str = "const") -> Value:
+        return self.b.constant(self.fresh(stem), np.asarray(array))
+
+    def ints(self, values: Sequence[int]) -> Value:
+        return self.const(np.asarray(list(values), np.int64), "ints")
+
+    def op(self, op_type: str, *inputs: Value | None, **attributes: Any) -> Any:
+        """A standard ONNX op (or one of ours) in the new graph; returns its output(s)."""
+        return self.b.op(op_type, *inputs, name=self.fresh(op_type.lower()), **attributes)
+
+    def cast(self, value: Value, like: TensorType) -> Value:
+        return value if value.type.dtype == like.dtype else self.op("Cast", value, to=like.dtype.onnx)
+
+    def shape_of(self, value: Value) -> Value:
+        """The shape of a new-graph value as an int64 vector: a constant when static (so inference keeps the
+        dims), else Shape(value)."""
+        if value.type.is_static:
+            return self.ints(value.type.shape)
+        return self.op("Shape", value)
+
+    def zeros_like(self, value: Value) -> Value:
+        """Zeros of a new-graph value's type."""
+        t = value.type
+        if t.is_static:
+            return self.const(np.zeros(t.shape, t.dtype.numpy), "zeros")
+        zero = self.const(np.zeros((1,), t.dtype.numpy), "zero")
+        return self.op("Expand", zero, self.shape_of(value))
+
+    def sum_to(self, grad: Value, like: Value) -> Value:
+        """``grad`` (of a broadcast result) summed over the axes where ``like`` (a new-graph value) was
+        broadcast, then shaped as ``like``: the cotangent of a broadcast operand."""
+        out, target = tuple(grad.type.shape), tuple(like.type.shape)
+        lead = len(out) - len(target)
+        if lead < 0:
+            raise GraphError(f"geir.grad: cannot sum a cotangent of shape {list(out)} to {list(target)}")
+        axes = list(range(lead))
+        for i, dim in enumerate(target):
+            have = out[lead + i]
+            if dim == 1 and have != 1:
+                axes.append(lead + i)
+            elif dim != have and not (isinstance(dim, str) and isinstance(have, str)
+                                      and self.forward.symbols.canonical(dim) == self.forward.symbols.canonical(have)):
+                raise GraphError(f"geir.grad: cannot tell whether dim {i} of an operand ({dim}) was broadcast to "
+                                 f"{have}; give the graph static shapes or equal symbols")
+        if axes:
+            grad = self.op("ReduceSum", grad, self.ints(axes), keepdims=1)
+        if lead:
+            grad = self.op("Reshape", grad, self.shape_of(like))
+        return grad
+
+
+def _floating(value: Value) -> bool:
+    return value.type.dtype.is_floating
+
+
+def _select(graph: Graph, names: Sequence[str] | str | None, pool: list[Value], what: str) -> list[Value]:
+    by_name = {v.name: v for v in pool}
+    if names is None:
+        return [v for v in pool if _floating(v)]
+    if isinstance(names, str):
+        names = [names]
+    chosen = []
+    for name in names:
+        value = by_name.get(name)
+        if value is None:
+            raise GraphError(f"geir.grad: graph '{graph.name}' has no {what} {name!r} ({what}s: {sorted(by_name)})")
+        if not _floating(value):
+            raise GraphError(f"geir.grad: {what} '{name}' is {value.type.dtype}, not floating: it has no gradient")
+        chosen.append(value)
+    return chosen
+
+
+def _dependents(graph: Graph, order: list[Node], sources: list[Value]) -> set[int]:
+    """ids of the floating values that depend on any of ``sources``."""
+    found = {id(v) for v in sources}
+    for node in order:
+        if any(v is not None and id(v) in found for v in node.inputs):
+            found.update(id(v) for v in node.outputs if v is not None and _floating(v))
+    return found
+
+
+def _copy_node(ctx: VjpContext, node: Node) -> tuple[Value | None, ...]:
+    inputs = [ctx.new(v) for v in node.inputs]
+    rewrite = vjp_rewrite(node.op_type, node.domain)
+    if rewrite is not None:
+        return rewrite(ctx, node, inputs)
+    result = ctx.b.add_node(node.schema, inputs, node.attributes, name=node.name,
+                            output_names=[v.name if v is not None else "" for v in node.outputs],
+                            location=node.location)
+    return result if isinstance(result, tuple) else (result,)
+
+
+def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str | None = None,
+                  outputs: Sequence[str] | str | None = None) -> Graph:
+    """The reverse-mode derivative of ``graph``, built with ``builder`` (a fresh, empty GraphBuilder): forward
+    outputs, then ``grad_<input>`` for each input of ``wrt``.
+
+    Args:
+        graph: a built geir graph.
+        builder: where the derivative graph is built.
+        wrt: names of the floating inputs to differentiate with respect to (default: every floating input).
+        outputs: names of the floating outputs that receive a cotangent input ``grad_<output>`` (default: every
+            floating output).
+
+    Raises:
+        GraphError: the graph is not built, a name is unknown or not floating, an op on the way from ``wrt`` to
+            ``outputs`` has no VJP rule (the message names it), or a rule cannot handle the node.
+    """
+    if not {"verified", "typed"} <= graph.properties:
+        raise GraphError(f"geir.grad: graph '{graph.name}' is not built; call GraphBuilder.build() first")
+    sources = _select(graph, wrt, graph.inputs, "input")
+    targets = _select(graph, outputs, graph.outputs, "output")
+    if not targets:
+        raise GraphError(f"geir.grad: graph '{graph.name}' has no floating output to differentiate")
+    order = graph.topological_order()
+    b = builder
+    for group in graph.symbols.groups():
+        b.declare_equal(*sorted(group))
+    ctx = VjpContext(b, graph)
+    for v in graph.inputs:
+        ctx.mapping[id(v)] = b.input(v.name, v.type.dtype, v.type.shape)
+    for v in graph.constant_values:
+        ctx.mapping[id(v)] = b.constant(v.name, graph.constants[v.name])
+    cotangents = {id(v): b.input(f"grad_{v.name}", v.type.dtype, v.type.shape) for v in targets}
+    for node in order:
+        for old, new in zip(node.outputs, _copy_node(ctx, node)):
+            if old is not None:
+                ctx.mapping[id(old)] = new
+    depends = _dependents(graph, order, sources)
+    for node in reversed(order):
+        out_grads = [cotangents.get(id(v)) if v is not None else None for v in node.outputs]
+        if all(g is None for g in out_grads) or not any(v is not None and id(v) in depends for v in node.inputs):
+            continue
+        rule = vjp_rule(node.op_type, node.domain)
+        if rule is None:
+            raise GraphError(f"geir.grad: no VJP rule for {node.op_type} '{node.name}' (on the way from the inputs "
+                             f"differentiated to the outputs); ops with rules: {', '.join(vjp_ops())}",
+                             node=node.name, location=node.location)
+        in_grads = list(rule(ctx, node, out_grads))
+        if len(in_grads) != len(node.inputs):
+            raise GraphError(f"geir.grad: the VJP rule of {node.op_type} returned {len(in_grads)} cotangents for "
+                             f"{len(node.inputs)} inputs", node=node.name)
+        for i, (value, g) in enumerate(zip(node.inputs, in_grads)):
+            if value is None or id(value) not in depends or g is ACCOUNTED:
+                continue
+            if g is None:   # never a silent zero: the input depends on what is differentiated
+                raise GraphError(f"geir.grad: {node.op_type} '{node.name}': no cotangent for input {i} "
+                                 f"'{node.schema.inputs[min(i, len(node.schema.inputs) - 1)].name}' (value "
+                                 f"'{value.name}'), which depends on the inputs differentiated: the op is not "
+                                 f"differentiated with respect to it", node=node.name, location=node.location)
+            if g.type.dtype != value.type.dtype:
+                raise GraphError(f"geir.grad: the VJP rule of {node.op_type} '{node.name}' gave input '{value.name}' a "
+                                 f"{g.type.dtype} cotangent, expected {value.type.dtype}", node=node.name)
+            previous = cotangents.get(id(value))
+            cotangents[id(value)] = g if previous is None else ctx.op("Add", previous, g)
+    for v in graph.outputs:
+        b.output(ctx.new(v))
+    taken = {v.name for v in graph.outputs} | {v.name for v in graph.inputs}
+    exported: list[Value] = []
+    for v in sources:
+        name = f"grad_{v.name}"
+        if name in taken:
+            raise GraphError(f"geir.grad: the gradient output name '{name}' is taken in graph '{graph.name}'")
+        g = cotangents.get(id(v))
+        g = ctx.zeros_like(ctx.new(v)) if g is None else g
+        if g.producer is None or any(g is ctx.new(o) for o in graph.outputs) or g in exported:
+            g = ctx.op("Identity", g)
+        b.output(g, name)
+        exported.append(g)
+    return b.build()
