@@ -75,6 +75,6 @@ def _evaluate(node, args):
     kernel = kernel_for(node.schema)
     if kernel is not None:
         return kernel(*args, **node.attributes)
-    if node.op_type in _FLOAT_CASTS and node.outputs[0].dtype.is_floating and args[0].dtype == np.float64:
-        return args[0].copy()
+    if node.op_type in _FLOAT_CASTS and node.outputs[0].dtype.is_floating:   # a cast to a floating type: float64
+        return args[0].astype(np.float64)
     return standard_kernel(node)(*args)

@@ -1,0 +1,318 @@
+"""geir.grad: every rule against central finite differences of the float64 reference (a random cotangent u and
+direction v: <u, (f(x + eps v) - f(x - eps v)) / 2 eps> == sum over inputs of <grad_x, v_x>), the CANN grad ops
+in the emitted graph, both runtimes, the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import geir
+from geir.schemas.sparse_attention.examples import SfaCase
+from geir.testing import reference
+from helpers import SFA, sfa_graph
+
+EPS = 1e-6
+
+
+def directional_error(graph: geir.Graph, feeds: dict, wrt=None, seed: int = 0) -> float:
+    """Relative distance between the VJP's and the finite differences' directional derivative."""
+    rng = np.random.default_rng(seed)
+    derivative = geir.grad(graph, wrt=wrt)
+    names = [v.name for v in graph.inputs if v.dtype.is_floating and (wrt is None or v.name in wrt)]
+    outputs = [v for v in graph.outputs if v.dtype.is_floating]
+    cotangents = {f"grad_{v.name}": rng.standard_normal(v.type.shape) for v in outputs}
+    base = {k: (a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a)
+            for k, a in feeds.items()}
+    got = reference(derivative, {**base, **cotangents}, rounded=False)
+    direction = {k: rng.standard_normal(base[k].shape) for k in names}
+    shifted = [reference(graph, {**base, **{k: base[k] + sign * EPS * direction[k] for k in names}}, rounded=False)
+               for sign in (1, -1)]
+    fd = sum(np.sum(cotangents[f"grad_{v.name}"] * (shifted[0][v.name] - shifted[1][v.name])) for v in outputs) / (2 * EPS)
+    analytic = sum(np.sum(got[f"grad_{k}"] * direction[k]) for k in names)
+    return abs(fd - analytic) / max(abs(fd), 1e-12)
+
+
+def _graph(name: str, inputs: dict[str, tuple], body, dtype="float32"):
+    b = geir.GraphBuilder(name)
+    values = {k: b.input(k, dtype, shape) for k, shape in inputs.items()}
+    result = body(b, *values.values())
+    for i, value in enumerate(result if isinstance(result, tuple) else (result,)):
+        b.output(value, f"out{i}")
+    return b.build()
+
+
+def _feeds(graph: geir.Graph, seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed)
+    return {v.name: rng.uniform(0.5, 1.5, v.type.shape).astype(v.dtype.numpy) for v in graph.inputs}
+
+
+def _ints(b, name, values):
+    return b.constant(name, np.asarray(values, np.int64))
+
+
+STANDARD = {
+    "add_broadcast": ({"a": (2, 3, 4), "b": (3, 1)}, lambda b, a, c: b.op("Add", a, c)),
+    "sub_broadcast": ({"a": (4,), "b": (2, 3, 4)}, lambda b, a, c: b.op("Sub", a, c)),
+    "mul_broadcast": ({"a": (2, 1, 4), "b": (1, 3, 4)}, lambda b, a, c: b.op("Mul", a, c)),
+    "div_broadcast": ({"a": (2, 3, 4), "b": (1, 4)}, lambda b, a, c: b.op("Div", a, c)),
+    "neg": ({"a": (2, 3)}, lambda b, a: b.op("Neg", a)),
+    "matmul_batched": ({"a": (2, 3, 4), "b": (4, 5)}, lambda b, a, c: b.op("MatMul", a, c)),
+    "matmul_broadcast_batch": ({"a": (1, 3, 4), "b": (2, 4, 5)}, lambda b, a, c: b.op("MatMul", a, c)),
+    "transpose": ({"a": (2, 3, 4)}, lambda b, a: b.op("Transpose", a, perm=[2, 0, 1])),
+    "reshape": ({"a": (2, 3, 4)}, lambda b, a: b.op("Reshape", a, _ints(b, "shape", [4, 6]))),
+    "squeeze_unsqueeze": ({"a": (2, 1, 4)}, lambda b, a: b.op("Unsqueeze", b.op("Squeeze", a, _ints(b, "s", [1])),
+                                                              _ints(b, "u", [0]))),
+    "flatten": ({"a": (2, 3, 4)}, lambda b, a: b.op("Flatten", a, axis=2)),
+    "concat": ({"a": (2, 3), "b": (2, 5)}, lambda b, a, c: b.op("Concat", a, c, a, axis=1)),
+    "slice_contiguous": ({"a": (4, 6)}, lambda b, a: b.op("Slice", a, _ints(b, "s", [1, 2]), _ints(b, "e", [3, 5]))),
+    "slice_strided": ({"a": (3, 8)}, lambda b, a: b.op("Slice", a, _ints(b, "s", [1]), _ints(b, "e", [8]),
+                                                       _ints(b, "ax", [1]), _ints(b, "st", [2]))),
+    "slice_reversed": ({"a": (3, 8)}, lambda b, a: b.op("Slice", a, _ints(b, "s", [-2]), _ints(b, "e", [-9]),
+                                                        _ints(b, "ax", [-1]), _ints(b, "st", [-3]))),
+    "gather_repeats_and_negative": ({"a": (5, 3)}, lambda b, a: b.op("Gather", a, b.constant(
+        "i", np.array([[0, 4], [4, -1], [2, 0]], np.int64)))),
+    "gather_axis1": ({"a": (2, 6, 3)}, lambda b, a: b.op("Gather", a, b.constant("i", np.array([5, 1, 1], np.int32)),
+                                                         axis=1)),
+    "cast_roundtrip": ({"a": (2, 3)}, lambda b, a: b.op("Cast", b.op("Cast", a, to=10), to=1)),
+    "identity": ({"a": (2, 3)}, lambda b, a: b.op("Identity", a)),
+    "reduce_sum_keepdims": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, _ints(b, "ax", [0, 2]), keepdims=1)),
+    "reduce_sum_dropped": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, _ints(b, "ax", [-1]), keepdims=0)),
+    "reduce_sum_all": ({"a": (2, 3)}, lambda b, a: b.op("ReduceSum", a, keepdims=0)),
+    "softmax": ({"a": (2, 3, 5)}, lambda b, a: b.op("Softmax", a, axis=1)),
+    "shared_value": ({"a": (2, 3)}, lambda b, a: b.op("Mul", b.op("Add", a, a), a)),
+}
+
+
+@pytest.mark.parametrize("name", list(STANDARD))
+def test_standard_op_vjps_match_finite_differences(name):
+    inputs, body = STANDARD[name]
+    graph = _graph(name, inputs, body)
+    assert directional_error(graph, _feeds(graph)) < 1e-7
+
+
+def _rotary(op, mode, shape, cos_shape, pslice, dtype="float32", cos_dtype="float32"):
+    b = geir.GraphBuilder("rope")
+    x = b.input("x", dtype, shape)
+    c = b.input("cos", cos_dtype, cos_shape)
+    s = b.input("sin", cos_dtype, cos_shape)
+    y = getattr(b, op)(x, c, s, rotary_mode=mode, partial_slice=pslice)
+    b.output(b.op("Mul", y, y) if op == "InplacePartialRotaryMul" else y, "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("mode", range(4))
+@pytest.mark.parametrize("cos_shape", [(1, 3, 1, 8), (2, 3, 4, 8), (2, 1, 1, 8)])
+def test_rotary_forward_vjp_covers_x_cos_and_sin(mode, cos_shape):
+    graph = _rotary("InplacePartialRotaryMul", mode, (2, 3, 4, 12), cos_shape, [2, 10])
+    assert directional_error(graph, _feeds(graph)) < 1e-7
+    ops = [n.op_type for n in geir.grad(graph).nodes]
+    assert "InplacePartialRotaryMulGrad" in ops
+
+
+@pytest.mark.parametrize("mode", range(4))
+def test_rotary_grad_op_vjp_is_the_forward(mode):
+    graph = _rotary("InplacePartialRotaryMulGrad", mode, (1, 2, 2, 8), (1, 2, 1, 8), [0, 8], cos_dtype="float16")
+    assert directional_error(graph, _feeds(graph), wrt=["x"]) < 1e-7
+    ops = [n.op_type for n in geir.grad(graph, wrt=["x"]).nodes]
+    assert ops.count("InplacePartialRotaryMul") == 1
+    with pytest.raises(geir.GraphError, match=r"no cotangent for input 1 'cos'"):
+        geir.grad(graph)                     # cos of the grad op: not linear there, never a silent zero
+
+
+def _moe(rows, slots, probs_shape, grad_op=False):
+    b = geir.GraphBuilder("moe")
+    tokens = b.input("tokens", "float32", (rows, 4))
+    indices = b.input("indices", "int32", (slots,))
+    probs = b.input("probs", "float32", probs_shape) if probs_shape else None
+    if grad_op:
+        dy = b.input("dy", "float32", (probs_shape[0], 4))
+        ptg, pg = b.MoeTokenUnpermuteGrad(tokens, dy, indices, probs)
+        b.output(b.op("Mul", ptg, ptg), "ptg")
+        b.output(pg, "pg")
+    else:
+        b.output(b.op("Mul", b.MoeTokenUnpermute(tokens, indices, probs), tokens if rows == 1 else
+                      b.MoeTokenUnpermute(tokens, indices, probs)), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("rows, slots, probs_shape", [(6, 6, (3, 2)), (6, 6, None), (4, 6, (3, 2)), (8, 6, (2, 3))])
+def test_moe_forward_vjp(rows, slots, probs_shape):
+    graph = _moe(rows, slots, probs_shape)
+    feeds = _feeds(graph)
+    feeds["indices"] = np.random.default_rng(3).permutation(slots).astype(np.int32)
+    assert directional_error(graph, feeds) < 1e-7
+    assert "MoeTokenUnpermuteGrad" in [n.op_type for n in geir.grad(graph).nodes]
+
+
+def test_moe_grad_op_vjp_through_every_input():
+    graph = _moe(6, 6, (3, 2), grad_op=True)
+    feeds = _feeds(graph)
+    feeds["indices"] = np.array([3, 0, 5, 1, 4, 2], np.int32)
+    assert directional_error(graph, feeds) < 1e-7
+    ops = [n.op_type for n in geir.grad(graph).nodes]
+    assert ops.count("MoeTokenUnpermute") == 2 and ops.count("MoeTokenUnpermuteGrad") == 3 and "Gather" not in ops
+
+
+SFA_CASES = {
+    "bsnd_mode3_rope": SfaCase(B=2, S1=4, S2=8, N1=4, D=8, D2=8, Dr=4, K=5, mode=3, seed=1),
+    "bsnd_mode0_gqa_bs2": SfaCase(B=1, S1=3, S2=9, N1=4, N2=2, D=6, D2=4, K=3, bs=2, mode=0, seed=2),
+    "tnd_mode3": SfaCase(layout="TND", N1=2, D=8, D2=8, K=3, tnd_q=[3, 5], tnd_kv=[4, 9], seed=3),
+    "sinks": SfaCase(B=1, S1=4, S2=6, N1=2, D=4, D2=4, K=4, mode=0, sinks=True, seed=4),
+}
+
+
+@pytest.mark.parametrize("name", list(SFA_CASES))
+def test_attention_vjp_matches_finite_differences_and_uses_the_grad_op(name):
+    case = SFA_CASES[name]
+    arrays = case.arrays()
+    attrs = dict(case.forward_attrs(), return_softmax_lse=False)
+    graph, feeds = sfa_graph(arrays, SFA, **attrs)
+    graph = _only_attention_out(graph)
+    assert directional_error(graph, feeds) < 1e-6
+    derivative = geir.grad(graph)
+    ops = [n.op_type for n in derivative.nodes]
+    assert "SparseFlashAttentionGrad" in ops
+    forward = next(n for n in derivative.nodes if n.op_type == SFA)
+    assert forward.attributes["return_softmax_lse"] is True     # rewritten to hand its statistics to the grad
+
+
+def _only_attention_out(graph: geir.Graph) -> geir.Graph:
+    """The same graph with attention_out as its only output (the statistics are not differentiated)."""
+    keep = [v for v in graph.outputs if v.name == "attention_out"]
+    graph.outputs[:] = keep
+    graph.invalidate()
+    from geir.passes import build_pipeline
+    return build_pipeline()(graph)[0]
+
+
+@pytest.mark.parametrize("merge", ["value is key", "value is a prefix slice of key"])
+def test_attention_kv_merge(merge):
+    rng = np.random.default_rng(5)
+    b = geir.GraphBuilder("merge")
+    q = b.input("query", "float16", (1, 3, 2, 8))
+    k = b.input("key", "float16", (1, 6, 1, 8))
+    idx = b.constant("idx", np.array([[0, 2, -1], [1, 3, 0], [5, 4, 2]], np.int32).reshape(1, 3, 1, 3))
+    value = k if merge == "value is key" else b.op("Slice", k, _ints(b, "s", [0]), _ints(b, "e", [4]), _ints(b, "a", [3]))
+    out, _, _ = b.SparseFlashAttention(q, k, value, idx, scale_value=0.3, sparse_mode=0)
+    b.output(out, "out")
+    graph = b.build()
+    feeds = {"query": rng.standard_normal((1, 3, 2, 8)).astype(np.float16),
+             "key": rng.standard_normal((1, 6, 1, 8)).astype(np.float16)}
+    assert directional_error(graph, feeds) < 1e-6
+    grad_node = next(n for n in geir.grad(graph).nodes if n.op_type == "SparseFlashAttentionGrad")
+    assert grad_node.inputs[7] is None                    # KV merge: no value input, d_value folded into d_key
+
+
+def test_the_derivative_exports_and_runs_on_both_runtimes():
+    graph = _rotary("InplacePartialRotaryMul", 1, (2, 3, 4, 8), (1, 3, 1, 8), [0, 8])
+    derivative = geir.grad(graph)
+    model = geir.to_onnx(derivative)
+    import onnx
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {k: v.astype(np.float32) for k, v in _feeds(derivative).items()}
+    want = reference(derivative, feeds)
+    for runtime in geir.runtimes.runtime_names() if hasattr(geir, "runtimes") else ("numpy", "onnxruntime"):
+        got = geir.run(derivative, feeds, runtime=runtime)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+    assert [v.name for v in derivative.inputs] == ["x", "cos", "sin", "grad_y"]
+    assert [v.name for v in derivative.outputs] == ["y", "grad_x", "grad_cos", "grad_sin"]
+
+
+def test_errors_name_the_op_and_the_reason():
+    graph = _graph("tanh", {"a": (2, 3)}, lambda b, a: b.op("Tanh", a))
+    with pytest.raises(geir.GraphError, match=r"no VJP rule for Tanh 'Tanh_0'"):
+        geir.grad(graph)
+    graph = _graph("add", {"a": (2, 3)}, lambda b, a: b.op("Add", a, a))
+    with pytest.raises(geir.GraphError, match=r"has no input 'nope'"):
+        geir.grad(graph, wrt=["nope"])
+    with pytest.raises(geir.GraphError, match=r"has no output 'nope'"):
+        geir.grad(graph, outputs=["nope"])
+    case = SfaCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2, lengths=True, mode=0)
+    bsnd, _ = sfa_graph(case.arrays(), SFA, **dict(case.forward_attrs(), return_softmax_lse=False))
+    with pytest.raises(geir.GraphError, match=r"BSND with actual_seq_lengths"):
+        geir.grad(_only_attention_out(bsnd))
+    full, _ = sfa_graph(SfaCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).arrays(), SFA,
+                        **SfaCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).forward_attrs())
+    with pytest.raises(geir.GraphError, match=r"softmax statistics get a cotangent"):
+        geir.grad(full)
+    assert "grad_query" in [v.name for v in geir.grad(full, outputs=["attention_out"]).outputs]
+
+
+def test_a_wrt_input_without_a_path_gets_zeros():
+    graph = _graph("unused", {"a": (2, 3), "b": (2, 3)}, lambda b, a, c: b.op("Neg", a))
+    derivative = geir.grad(graph)
+    result = reference(derivative, {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32),
+                                    "grad_out0": np.ones((2, 3), np.float32)})
+    assert np.array_equal(result["grad_b"], np.zeros((2, 3))) and np.array_equal(result["grad_a"], -np.ones((2, 3)))
+
+
+def _rope_attention_moe() -> geir.Graph:
+    """rope -> sparse attention -> Reshape, Mul -> MoE unpermute: a forward of a model's training step."""
+    b = geir.GraphBuilder("rope_attention_moe")
+    x = b.input("x", "float16", (1, 4, 2, 8))
+    cos = b.input("cos", "float16", (1, 4, 1, 8))
+    sin = b.input("sin", "float16", (1, 4, 1, 8))
+    key = b.input("key", "float16", (1, 6, 1, 8))
+    probs = b.input("probs", "float16", (4, 2))
+    blocks = b.constant("sparse_indices", np.array([[0, 1, -1], [2, 0, 1], [3, 1, -1], [4, 5, 0]],
+                                                   np.int32).reshape(1, 4, 1, 3))
+    order = b.constant("sorted_indices", np.array([3, 0, 6, 1, 7, 2, 5, 4], np.int32))
+    q = b.InplacePartialRotaryMul(x, cos, sin, rotary_mode=1, partial_slice=[0, 8])
+    out, _, _ = b.SparseFlashAttention(q, key, key, blocks, scale_value=0.35, sparse_mode=0)
+    rows = b.op("Reshape", out, b.constant("rows", np.array([8, 8], np.int64)))
+    scaled = b.op("Mul", rows, b.constant("half", np.array(0.5, np.float16)))
+    b.output(b.MoeTokenUnpermute(scaled, order, probs), "y")
+    return b.build()
+
+
+def test_a_training_step_differentiates_checks_exports_and_runs_everywhere():
+    graph = _rope_attention_moe()
+    rng = np.random.default_rng(11)
+    feeds = {v.name: rng.uniform(-1, 1, v.type.shape).astype(np.float16) for v in graph.inputs}
+    assert directional_error(graph, feeds) < 1e-6
+    derivative = geir.grad(graph)
+    ops = {n.op_type for n in derivative.nodes}
+    assert {"InplacePartialRotaryMulGrad", "SparseFlashAttentionGrad", "MoeTokenUnpermuteGrad"} <= ops
+    # spec 2.3 RP-T1: InplacePartialRotaryMulGrad has no ascend910b kernel, so the derivative of a rope passes
+    # everything the forward passes there except that rule (the issue's "passes wherever the forward passes"
+    # cannot hold for rotary on A2/A3)
+    forward_rules = {v.rule for v in geir.check(graph, "ascend910b").errors}
+    derivative_rules = {v.rule for v in geir.check(derivative, "ascend910b").errors}
+    assert derivative_rules == forward_rules | {"RP-T1"}
+    import onnx
+    onnx.checker.check_model(geir.to_onnx(derivative), full_check=True)
+    cotangent = {"grad_y": rng.uniform(-1, 1, (4, 8)).astype(np.float16)}
+    want = reference(derivative, {**feeds, **cotangent}, rounded=False)
+    for runtime in ("numpy", "onnxruntime"):
+        got = geir.run(derivative, {**feeds, **cotangent}, runtime=runtime)
+        for name, expected in want.items():
+            distance = np.linalg.norm(got[name].astype(np.float64) - expected) / max(np.linalg.norm(expected), 1e-30)
+            assert distance < 2e-2, (runtime, name, distance)
+
+
+def test_rotary_and_moe_gradients_agree_with_torch_autograd():
+    """The same math written the usual PyTorch way (Llama's rotate_half; a gather and a weighted sum), float64."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    graph = _rotary("InplacePartialRotaryMul", 0, (2, 3, 4, 8), (1, 3, 1, 8), [0, 8])
+    feeds = {k: rng.standard_normal(v.shape) for k, v in _feeds(graph).items()}
+    u = rng.standard_normal((2, 3, 4, 8))
+    got = reference(geir.grad(graph), {**feeds, "grad_y": u}, rounded=False)
+    x, c, s = (torch.tensor(feeds[k], requires_grad=True) for k in ("x", "cos", "sin"))
+    y = x * c + torch.cat([-x[..., 4:], x[..., :4]], -1) * s
+    (y * y * torch.tensor(u)).sum().backward()
+    for name, tensor in (("x", x), ("cos", c), ("sin", s)):
+        np.testing.assert_allclose(got[f"grad_{name}"], tensor.grad.numpy(), rtol=1e-10, atol=1e-12)
+    graph = _moe(6, 6, (3, 2))
+    feeds = {k: (rng.standard_normal(v.shape) if v.dtype.kind == "f" else v) for k, v in _feeds(graph).items()}
+    feeds["indices"] = np.array([3, 0, 5, 1, 4, 2], np.int32)
+    u = rng.standard_normal((3, 4))
+    got = reference(geir.grad(graph), {**feeds, "grad_y": u}, rounded=False)
+    tokens, probs = (torch.tensor(feeds[k], requires_grad=True) for k in ("tokens", "probs"))
+    rows = tokens[torch.tensor(feeds["indices"], dtype=torch.long)].reshape(3, 2, 4)
+    y = (rows * probs[..., None]).sum(1)
+    (y * y * torch.tensor(u)).sum().backward()
+    np.testing.assert_allclose(got["grad_tokens"], tokens.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got["grad_probs"], probs.grad.numpy(), rtol=1e-10, atol=1e-12)
