@@ -13,7 +13,7 @@ from .ir._errors import ExecutionError, GeirWarning, GraphError, SourceLocation
 from .ir._types import Dim, SymbolTable, TensorType
 from .ir._core import Graph, Node, Value
 from .ir._builder import GraphBuilder
-from .ir._api import check, grad, run
+from .ir._api import check, fuse, grad, run
 from .ir._onnx_export import save_onnx, to_onnx
 from .ir._onnx_import import from_onnx, load_onnx
 from .ir import ge, moe_indices
@@ -54,6 +54,7 @@ __all__ = [
     "float16",
     "float32",
     "from_onnx",
+    "fuse",
     "ge",
     "grad",
     "int32",

@@ -10,13 +10,14 @@ from onnx import ModelProto
 
 from ..passes import CheckTarget
 from ..passes.autodiff import differentiate
+from ..passes.fusion import FusionReport, apply_patterns
 from ..runtimes import get_runtime
 from ._builder import GraphBuilder
 from ._core import Graph
 from ._errors import GraphError
 from ._onnx_import import from_onnx
 
-__all__ = ["as_graph", "check", "grad", "run"]
+__all__ = ["as_graph", "check", "fuse", "grad", "run"]
 
 GraphLike = Graph | ModelProto | str | os.PathLike
 
@@ -72,3 +73,15 @@ def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None,
     """
     forward = as_graph(graph, "geir.grad")
     return differentiate(forward, GraphBuilder(f"{forward.name}_grad"), wrt, outputs)
+
+
+def fuse(graph: GraphLike) -> tuple[Graph, FusionReport]:
+    """Rewrite standard-op subgraphs that are one of our ops into that op; return the new graph and a report.
+
+    The graph's interface is kept (inputs, outputs, names, types); ``graph`` itself is not changed. The report
+    lists each match (pattern, nodes replaced, the op it became) and each near miss with its reason; a match
+    whose op refuses it (a schema rule) is a near miss too. See ``schemas/<family>/fusion.py`` for the patterns.
+    """
+    work = GraphBuilder.copy(as_graph(graph, "geir.fuse")).build()
+    report = apply_patterns(work, GraphBuilder.extend)
+    return GraphBuilder.extend(work).build(), report

@@ -52,6 +52,30 @@ class GraphBuilder:
         graph.invalidate()
         return builder
 
+    @classmethod
+    def copy(cls, graph: Graph, name: str | None = None) -> GraphBuilder:
+        """A builder holding a copy of ``graph``'s inputs, constants (their arrays copied), nodes (same names,
+        attributes and value names) and outputs; ``build()`` verifies the copy. The original is not touched."""
+        builder = cls(name or graph.name)
+        for group in graph.symbols.groups():
+            builder.declare_equal(*sorted(group))
+        mapping: dict[int, Value | None] = {}
+        for v in graph.inputs:
+            mapping[id(v)] = builder.input(v.name, v.type.dtype, v.type.shape)
+        for v in graph.constant_values:
+            mapping[id(v)] = builder.constant(v.name, graph.constants[v.name])
+        for node in graph.topological_order():
+            made = builder.add_node(node.schema, [None if v is None else mapping[id(v)] for v in node.inputs],
+                                    node.attributes, name=node.name,
+                                    output_names=[v.name if v is not None else "" for v in node.outputs],
+                                    location=node.location)
+            for old, new in zip(node.outputs, made if isinstance(made, tuple) else (made,)):
+                if old is not None:
+                    mapping[id(old)] = new
+        for v in graph.outputs:
+            builder.output(mapping[id(v)])
+        return builder
+
     # -- graph interface -----------------------------------------------------------------
     def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str]) -> Value:
         """Declare a graph input; dims are ints or symbol names bound when the graph runs."""

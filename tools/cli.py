@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("model", help="the .onnx file")
     show.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text")
     show.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of printing")
+    fuse = commands.add_parser("fuse", help="rewrite standard-op subgraphs of a saved model into our ops")
+    fuse.add_argument("model", help="the .onnx file to read")
+    fuse.add_argument("output", help="the .onnx file to write")
     example = commands.add_parser("example", help="run the geir.ge ports of CANN's graph-mode examples")
     example.add_argument("name", nargs="?", default="all", help="an example name or all (default)")
     example.add_argument("--runtime", choices=runtime_names(), default="numpy")
@@ -93,6 +96,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return commands.show_model(args.model, args.format, args.output)
     if args.command == "example":
         return commands.run_example(args.name, args.runtime, args.dump)
+    if args.command == "fuse":
+        return commands.fuse_model(args.model, args.output)
     from .bench import SUITES, run_benchmarks
 
     unknown = [s for s in args.suite if s not in SUITES]

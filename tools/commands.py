@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir._api import check
+from ..ir._api import check, fuse
 from ..ir._core import Graph
 from ..ir._dot import render
 from ..ir._errors import ExecutionError, GraphError
+from ..ir._onnx_export import save_onnx
 from ..ir._onnx_import import load_onnx
 from ..runtimes import get_runtime
 from ..schemas.targets import TARGETS
@@ -84,6 +85,15 @@ def check_model(model: str, target: str, strict: bool = False) -> int:
         print(report)
         failed |= not report.ok
     return 1 if failed else 0
+
+
+def fuse_model(model: str, output: str) -> int:
+    """Fuse a saved model's standard-op subgraphs into our ops, write the result, print the report."""
+    fused, report = fuse(load_model(model))
+    save_onnx(fused, output)
+    print(report)
+    print(f"wrote {output}")
+    return 0
 
 
 def show_model(model: str, fmt: str, output: str | None) -> int:

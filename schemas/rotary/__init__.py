@@ -7,7 +7,7 @@ and the executable statement of the math that the kernels and the body are teste
 
 from __future__ import annotations
 
-from . import body, examples, targets, vjp  # noqa: F401  (they register the lowerings, examples, target rows, VJPs)
+from . import body, examples, fusion, targets, vjp  # noqa: F401  (each registers its part of the family)
 from .rotation import RotationTables, rotate, rotation_tables
 from .schema import EMPTY_GRAD_SLICE_HINT, FORWARD, GRAD, ROTARY_MODES, rotary_slice, slice_bounds
 

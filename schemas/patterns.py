@@ -1,0 +1,123 @@
+"""The registry of fusion patterns: standard-op subgraphs that are one of our ops (``geir.fuse``).
+
+A pattern names the op type of the subgraph's last node (its anchor) and a ``match(view, node)`` that looks
+back from an anchor node through producers and returns a ``Match`` (the values and attributes of our op,
+and the nodes it replaces), a ``NearMiss`` (the reason a candidate did not match), or None (not a
+candidate at all). The op families register theirs (``schemas/<family>/fusion.py``); the pass that
+applies them is ``passes.fusion``. Matchers read the graph through ``GraphView``: producers by op type,
+constant integers, static shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GraphView", "Match", "NearMiss", "Pattern", "patterns", "register_pattern"]
+
+
+@dataclass
+class Match:
+    """A subgraph that is our ``op``: built with ``inputs`` (Values of the graph) and ``attributes``; its output
+    ``output_index`` replaces ``replaces`` (a value of the graph); ``nodes`` are the standard nodes it stands for."""
+
+    op: str
+    inputs: list[Any]
+    attributes: dict[str, Any]
+    replaces: Any
+    nodes: list[Any]
+    output_index: int = 0
+    casts: dict[int, int] = field(default_factory=dict)
+    """Inputs to cast first (index -> ONNX dtype): an int64 index tensor our op takes as int32, say."""
+
+
+@dataclass
+class NearMiss:
+    """A candidate that did not match, and why."""
+
+    reason: str
+    nodes: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    anchor: str
+    """The standard op type of the subgraph's last node."""
+    match: Callable[[GraphView, Any], Match | NearMiss | None]
+    doc: str = ""
+
+
+_PATTERNS: list[Pattern] = []
+
+
+def register_pattern(name: str, anchor: str, doc: str = "") -> Callable:
+    """Register ``match`` as the pattern ``name``, tried on every node of type ``anchor`` (in registration order)."""
+    def decorate(match: Callable) -> Callable:
+        _PATTERNS.append(Pattern(name, anchor, match, doc))
+        return match
+    return decorate
+
+
+def patterns() -> tuple[Pattern, ...]:
+    return tuple(_PATTERNS)
+
+
+class GraphView:
+    """Read-only helpers for matchers over one graph."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+
+    def producer(self, value: Any, *op_types: str) -> Any:
+        """The standard node producing ``value`` if its op type is one of ``op_types``, else None."""
+        node = None if value is None else value.producer
+        return node if node is not None and node.domain == "" and node.op_type in op_types else None
+
+    def constant(self, value: Any) -> np.ndarray | None:
+        if value is None or value.producer is not None:
+            return None
+        return self.graph.constants.get(value.name)
+
+    def ints(self, value: Any) -> list[int] | None:
+        array = self.constant(value)
+        if array is None or array.dtype.kind not in "iu":
+            return None
+        return [int(v) for v in array.reshape(-1)]
+
+    def scalar(self, value: Any) -> float | None:
+        array = self.constant(value)
+        if array is None or array.size != 1 or array.dtype.kind not in "fiu" and array.dtype.name != "bfloat16":
+            return None
+        return float(np.asarray(array, np.float64).reshape(-1)[0])
+
+    def only_used_by(self, value: Any, nodes: Sequence[Any]) -> bool:
+        """Whether every use of ``value`` is inside ``nodes`` and it is not a graph output."""
+        inside = {id(n) for n in nodes}
+        return all(id(n) in inside for n, _ in value.uses) and all(o is not value for o in self.graph.outputs)
+
+    def slice_of(self, value: Any) -> tuple[Any, int, int, int, int] | None:
+        """``(source, axis, start, stop, step)`` when ``value`` is a one-axis Slice of a static-size axis, with
+        start/stop normalised to that size (Python slice semantics), else None."""
+        node = self.producer(value, "Slice")
+        if node is None:
+            return None
+        source = node.inputs[0]
+        starts, ends = self.ints(node.inputs[1]), self.ints(node.inputs[2])
+        axes = self.ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+        steps = self.ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+        if None in (starts, ends, axes, steps) or not len(starts) == len(ends) == len(axes) == len(steps) == 1:
+            return None
+        rank = len(source.type.shape)
+        axis = axes[0] % rank
+        size = source.type.shape[axis]
+        if not isinstance(size, int):
+            return None
+        start, stop, step = slice(starts[0], ends[0], steps[0]).indices(size)
+        return source, axis, start, stop, step
+
+    def last_axis(self, value: Any, axis: int) -> bool:
+        return axis % len(value.type.shape) == len(value.type.shape) - 1

@@ -1,0 +1,185 @@
+"""Fusion patterns of the rotary family: rope written with standard ops -> InplacePartialRotaryMul(Grad).
+
+- half (Llama's ``x * cos + rotate_half(x) * sin``, rotate_half = ``cat(-x[..., h:], x[..., :h])`` by Slice or
+  Split) -> mode 0;
+- interleaved (GPT-J's rotate_every_two: ``stack(-x[..., 1::2], x[..., 0::2], -1)`` flattened, by strided
+  Slice, Unsqueeze, Concat and Reshape) -> mode 1;
+- partial (a rope on a slice of the head dim, the rest passed through: ``cat(x[..., :s], rope(x[..., s:e]),
+  x[..., e:])``, MLA's rope part) -> the same op on x with partial_slice [s, e];
+- half backward (``dy * cos + cat((dy * sin)[..., h:], -(dy * sin)[..., :h])``, the transpose of the half
+  forward) -> InplacePartialRotaryMulGrad, mode 0.
+The tables must already be rank 4 (a near miss says so otherwise); the op's own rules check the rest.
+"""
+
+from __future__ import annotations
+
+from ..patterns import GraphView, Match, NearMiss, register_pattern
+from .schema import FORWARD, GRAD
+
+
+def _halves(view: GraphView, first, second):
+    """x when ``first`` is x[..., :h] and ``second`` x[..., h:] of one x (by Slice or one Split), else None."""
+    split_a, split_b = view.producer(first, "Split"), view.producer(second, "Split")
+    if split_a is not None and split_a is split_b and first is split_a.outputs[0] and second is split_a.outputs[1] \
+            and len(split_a.outputs) == 2:
+        x = split_a.inputs[0]
+        axis = int(split_a.attributes.get("axis", 0))
+        sizes = view.ints(split_a.inputs[1]) if len(split_a.inputs) > 1 and split_a.inputs[1] is not None else None
+        d = x.type.shape[-1]
+        if view.last_axis(x, axis) and isinstance(d, int) and (sizes is None or sizes == [d // 2, d // 2]):
+            return x, [split_a]
+        return None
+    a, b = view.slice_of(first), view.slice_of(second)
+    if a is None or b is None or a[0] is not b[0]:
+        return None
+    x, axis, start_a, stop_a, step_a = a
+    _, axis_b, start_b, stop_b, step_b = b
+    d = x.type.shape[-1]
+    if not (view.last_axis(x, axis) and axis == axis_b and step_a == step_b == 1 and start_a == 0
+            and stop_a == start_b and stop_b == d and 2 * stop_a == d):
+        return None
+    return x, [first.producer, second.producer]
+
+
+def _rotate_half(view: GraphView, value):
+    """(x, nodes) when ``value`` is rotate_half(x) = cat(-x2, x1) on the last axis."""
+    concat = view.producer(value, "Concat")
+    if concat is None or len(concat.inputs) != 2 or not view.last_axis(value, int(concat.attributes["axis"])):
+        return None
+    neg = view.producer(concat.inputs[0], "Neg")
+    if neg is None:
+        return None
+    found = _halves(view, concat.inputs[1], neg.inputs[0])
+    return None if found is None else (found[0], [concat, neg, *found[1]])
+
+
+def _rotate_every_two(view: GraphView, value):
+    """(x, nodes) when ``value`` is stack(-x[..., 1::2], x[..., 0::2], -1) flattened back to x's shape."""
+    reshape = view.producer(value, "Reshape", "Flatten")
+    if reshape is None:
+        return None
+    concat = view.producer(reshape.inputs[0], "Concat")
+    if concat is None or len(concat.inputs) != 2 or not view.last_axis(concat.outputs[0], int(concat.attributes["axis"])):
+        return None
+    parts = [view.producer(v, "Unsqueeze") for v in concat.inputs]
+    if None in parts:
+        return None
+    neg = view.producer(parts[0].inputs[0], "Neg")
+    if neg is None:
+        return None
+    odd, even = view.slice_of(neg.inputs[0]), view.slice_of(parts[1].inputs[0])
+    if odd is None or even is None or odd[0] is not even[0]:
+        return None
+    x = odd[0]
+    if tuple(value.type.shape) != tuple(x.type.shape) or not (view.last_axis(x, odd[1]) and odd[1] == even[1]):
+        return None
+    d = x.type.shape[-1]
+    if (odd[2], odd[4], even[2], even[4]) != (1, 2, 0, 2) or odd[3] < d or even[3] < d - 1:
+        return None
+    return x, [reshape, concat, *parts, neg, neg.inputs[0].producer, parts[1].inputs[0].producer]
+
+
+def _tables_rank_4(x, cos, sin) -> NearMiss | None:
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if len(t.type.shape) != 4:
+            return NearMiss(f"{name} has rank {len(t.type.shape)}; the rotary ops take rank-4 x, cos and sin "
+                            f"(unsqueeze the tables to (B|1, S|1, N|1, D) first)")
+    return None
+
+
+def _rope(view: GraphView, add, rotation, mode: int):
+    """x * cos + rotation(x) * sin, either product order and either operand order."""
+    terms = [view.producer(v, "Mul") for v in add.inputs]
+    if None in terms:
+        return None
+    for rotated_mul, plain_mul in (terms, terms[::-1]):
+        for i in (0, 1):
+            found = rotation(view, rotated_mul.inputs[i])
+            if found is None:
+                continue
+            x, nodes = found
+            sin = rotated_mul.inputs[1 - i]
+            if x not in plain_mul.inputs:
+                return NearMiss(f"the rotated term reads '{x.name}' but the other product does not multiply it")
+            cos = plain_mul.inputs[1 - plain_mul.inputs.index(x)]
+            miss = _tables_rank_4(x, cos, sin)
+            if miss is not None:
+                return miss
+            d = x.type.shape[-1]
+            return Match(FORWARD.op_type, [x, cos, sin], {"rotary_mode": mode, "partial_slice": [0, d]},
+                         add.outputs[0], [add, rotated_mul, plain_mul, *nodes])
+    return None
+
+
+@register_pattern("rotary half (x * cos + rotate_half(x) * sin)", "Add")
+def _half(view: GraphView, add):
+    return _rope(view, add, _rotate_half, 0)
+
+
+@register_pattern("rotary interleaved (x * cos + rotate_every_two(x) * sin)", "Add")
+def _interleaved(view: GraphView, add):
+    return _rope(view, add, _rotate_every_two, 1)
+
+
+@register_pattern("rotary partial (cat(x[..., :s], rope(x[..., s:e]), x[..., e:]))", "Concat")
+def _partial(view: GraphView, concat):
+    if not view.last_axis(concat.outputs[0], int(concat.attributes["axis"])):
+        return None
+    ropes = [i for i, v in enumerate(concat.inputs) if v.producer is not None and v.producer.op_type == FORWARD.op_type]
+    if len(ropes) != 1:
+        return None
+    rope = concat.inputs[ropes[0]].producer
+    inner = view.slice_of(rope.inputs[0])
+    if inner is None or inner[4] != 1 or not view.last_axis(inner[0], inner[1]):
+        return NearMiss("the rope's input is not a slice of the head dim")
+    x, _, start, stop, _ = inner
+    if list(rope.attributes["partial_slice"]) not in ([0, stop - start], []):
+        return None
+    position = 0
+    for i, piece in enumerate(concat.inputs):
+        if i == ropes[0]:
+            begin, end = start, stop
+        else:
+            part = view.slice_of(piece)
+            if part is None or part[0] is not x or part[4] != 1 or not view.last_axis(x, part[1]):
+                return NearMiss(f"input {i} of the Concat is not a slice of '{x.name}' on its last axis")
+            begin, end = part[2], part[3]
+        if begin != position:
+            return NearMiss(f"the Concat's pieces do not tile '{x.name}'s last axis in order (piece {i} starts at "
+                            f"{begin}, expected {position})")
+        position = end
+    if position != x.type.shape[-1]:
+        return NearMiss(f"the Concat's pieces cover [0, {position}) of a last axis of {x.type.shape[-1]}")
+    nodes = [concat, rope, rope.inputs[0].producer] + [v.producer for i, v in enumerate(concat.inputs) if i != ropes[0]]
+    return Match(FORWARD.op_type, [x, rope.inputs[1], rope.inputs[2]],
+                 {"rotary_mode": rope.attributes["rotary_mode"], "partial_slice": [start, stop]}, concat.outputs[0],
+                 nodes)
+
+
+@register_pattern("rotary half backward (dy * cos + cat((dy * sin)[..., h:], -(dy * sin)[..., :h]))", "Add")
+def _half_backward(view: GraphView, add):
+    for plain, moved in (add.inputs, add.inputs[::-1]):
+        plain_mul, concat = view.producer(plain, "Mul"), view.producer(moved, "Concat")
+        if plain_mul is None or concat is None or len(concat.inputs) != 2:
+            continue
+        neg = view.producer(concat.inputs[1], "Neg")
+        if neg is None or not view.last_axis(moved, int(concat.attributes["axis"])):
+            continue
+        found = _halves(view, neg.inputs[0], concat.inputs[0])
+        if found is None:
+            continue
+        product, nodes = found
+        sin_mul = view.producer(product, "Mul")
+        if sin_mul is None:
+            continue
+        dy = next((v for v in sin_mul.inputs if v in plain_mul.inputs), None)
+        if dy is None:
+            return NearMiss("the two products do not share the gradient they multiply")
+        sin = sin_mul.inputs[1 - sin_mul.inputs.index(dy)]
+        cos = plain_mul.inputs[1 - plain_mul.inputs.index(dy)]
+        miss = _tables_rank_4(dy, cos, sin)
+        if miss is not None:
+            return miss
+        return Match(GRAD.op_type, [dy, cos, sin], {"rotary_mode": 0, "partial_slice": [0, dy.type.shape[-1]]},
+                     add.outputs[0], [add, plain_mul, concat, neg, sin_mul, *nodes])
+    return None
