@@ -65,6 +65,8 @@ def _apply(graph: Graph, match: Match, extend: Callable[[Graph], GraphBuilder], 
     inputs = list(match.inputs)
     for index, dtype in match.casts.items():
         inputs[index] = builder.op("Cast", inputs[index], to=dtype, name=f"{name}_cast{index}")
+    for index, array in match.constants.items():
+        inputs[index] = builder.constant(f"{name}_input{index}", array)
     result = getattr(builder, match.op)(*inputs, name=name, **match.attributes)
     new = result[match.output_index] if isinstance(result, tuple) else result
     old = match.replaces
@@ -128,3 +130,6 @@ def _undo(graph: Graph, name: str) -> None:
     for node in [n for n in graph.nodes if n.name == name or n.name.startswith(f"{name}_cast")][::-1]:
         if not any(v is not None and v.uses for v in node.outputs):
             graph.remove(node)
+    for value in [v for v in graph.constant_values if v.name.startswith(f"{name}_input") and not v.uses]:
+        graph.constant_values.remove(value)
+        del graph.constants[value.name]

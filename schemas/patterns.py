@@ -32,6 +32,8 @@ class Match:
     output_index: int = 0
     casts: dict[int, int] = field(default_factory=dict)
     """Inputs to cast first (index -> ONNX dtype): an int64 index tensor our op takes as int32, say."""
+    constants: dict[int, np.ndarray] = field(default_factory=dict)
+    """Inputs that are new constants (index -> array): weights of one for a sum without probs, say."""
 
 
 @dataclass
@@ -87,6 +89,41 @@ class GraphView:
         if array is None or array.dtype.kind not in "iu":
             return None
         return [int(v) for v in array.reshape(-1)]
+
+    def folded(self, value: Any, depth: int = 0) -> np.ndarray | None:
+        """The int64 contents of a small shape computation (Shape of a static value, Slice, Concat, Gather,
+        Unsqueeze, Squeeze, Cast over constants), as exporters write ``flatten``'s target: folded here, since
+        type inference leaves such a Reshape's dims symbolic. None when it depends on data."""
+        array = self.constant(value)
+        if array is not None:
+            return array.astype(np.int64) if array.dtype.kind in "iu" else None
+        node = value.producer if value is not None else None
+        if node is None or node.domain != "" or depth > 8:
+            return None
+        if node.op_type == "Shape":
+            return np.array(node.inputs[0].type.shape, np.int64) if node.inputs[0].type.is_static and not \
+                node.attributes.get("start") and node.attributes.get("end") is None else None
+        parts = [None if v is None else self.folded(v, depth + 1) for v in node.inputs]
+        if any(p is None and v is not None for p, v in zip(parts, node.inputs)):
+            return None
+        if node.op_type == "Concat":
+            return np.concatenate(parts, axis=int(node.attributes["axis"]))
+        if node.op_type == "Cast":
+            return parts[0]
+        if node.op_type == "Unsqueeze":
+            return np.expand_dims(parts[0], tuple(int(a) for a in parts[1]))
+        if node.op_type == "Squeeze":
+            return np.squeeze(parts[0], tuple(int(a) for a in parts[1])) if len(parts) > 1 and parts[1] is not None \
+                else np.squeeze(parts[0])
+        if node.op_type == "Gather":
+            return np.take(parts[0], parts[1], axis=int(node.attributes.get("axis", 0)))
+        if node.op_type == "Slice" and parts[0].ndim == 1:
+            axes = parts[3] if len(parts) > 3 and parts[3] is not None else [0]
+            steps = parts[4] if len(parts) > 4 and parts[4] is not None else [1]
+            if list(axes) != [0] or len(parts[1]) != 1:
+                return None
+            return parts[0][slice(int(parts[1][0]), int(parts[2][0]), int(steps[0]))]
+        return None
 
     def scalar(self, value: Any) -> float | None:
         array = self.constant(value)

@@ -1,8 +1,8 @@
 """Fusion pattern of the MoE family: token unpermute written with standard ops -> MoeTokenUnpermute.
 
 ``ReduceSum(Reshape(Gather(P, idx, axis=0), (T, K, H)) [* probs as (T, K, 1)], axis 1)``: the expert-sorted rows
-gathered slot by slot (slot t*K + k -> row: CANN's sorted_indices convention), weighted, summed over K. int64
-indices are cast to int32. The op adds what the subgraph adds, except that it skips zero weights (a NaN row
+gathered slot by slot (slot t*K + k -> row: CANN's sorted_indices convention), weighted, summed over K (without
+probs: weights of one, unless K is 1). int64 indices are cast to int32. The op adds what the subgraph adds, except that it skips zero weights (a NaN row
 with weight 0 stays out, as CANN does) and requires ``idx`` to be a permutation (MU-D1): a constant idx is
 checked now, a fed one when the graph runs.
 """
@@ -60,5 +60,8 @@ def _unpermute(view: GraphView, reduce):
     if constant is not None and not np.array_equal(np.sort(constant.reshape(-1)), np.arange(constant.size)):
         return NearMiss("the gather indices are not a permutation of 0..M-1 (MoeTokenUnpermute requires one, MU-D1)")
     casts = {1: INT32} if indices.type.dtype.onnx != INT32 else {}
+    ones = {}
+    if probs is None and topk > 1:      # a plain sum over K: weights of one (the op without probs has K = 1)
+        ones = {2: np.ones((tokens, topk), permuted.type.dtype.numpy)}
     return Match(FORWARD.op_type, [permuted, indices, probs], {}, reduce.outputs[0], [reduce, *extra, reshape, gather],
-                 casts=casts)
+                 casts=casts, constants=ones)

@@ -13,6 +13,8 @@ The tables must already be rank 4 (a near miss says so otherwise); the op's own 
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..patterns import GraphView, Match, NearMiss, register_pattern
 from .schema import FORWARD, GRAD
 
@@ -71,12 +73,30 @@ def _rotate_every_two(view: GraphView, value):
     if odd is None or even is None or odd[0] is not even[0]:
         return None
     x = odd[0]
-    if tuple(value.type.shape) != tuple(x.type.shape) or not (view.last_axis(x, odd[1]) and odd[1] == even[1]):
+    if not (view.last_axis(x, odd[1]) and odd[1] == even[1]):
         return None
+    if tuple(value.type.shape) != tuple(x.type.shape) and not _flattens_to(view, reshape, x):
+        return NearMiss("matches only with static shapes: the flatten after the stack has a target computed at run "
+                        "time that does not fold to x's shape")
     d = x.type.shape[-1]
     if (odd[2], odd[4], even[2], even[4]) != (1, 2, 0, 2) or odd[3] < d or even[3] < d - 1:
         return None
     return x, [reshape, concat, *parts, neg, neg.inputs[0].producer, parts[1].inputs[0].producer]
+
+
+def _flattens_to(view: GraphView, reshape, x) -> bool:
+    """Whether ``reshape`` (a Reshape whose target is a foldable shape computation) gives x's static shape."""
+    if reshape.op_type != "Reshape" or not x.type.is_static or not reshape.inputs[0].type.is_static:
+        return False
+    target = view.folded(reshape.inputs[1])
+    if target is None or target.ndim != 1:
+        return False
+    source = tuple(reshape.inputs[0].type.shape)
+    dims = [source[i] if d == 0 and not reshape.attributes.get("allowzero", 0) else int(d) for i, d in enumerate(target)]
+    try:
+        return np.empty(source, np.int8).reshape(dims).shape == tuple(x.type.shape)
+    except ValueError:
+        return False
 
 
 def _tables_rank_4(x, cos, sin) -> NearMiss | None:
