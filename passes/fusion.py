@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..ir._core import Graph
 from ..ir._errors import GraphError
 from ..schemas.patterns import GraphView, Match, NearMiss, patterns
@@ -65,6 +67,9 @@ def _apply(graph: Graph, match: Match, extend: Callable[[Graph], GraphBuilder], 
     inputs = list(match.inputs)
     for index, dtype in match.casts.items():
         inputs[index] = builder.op("Cast", inputs[index], to=dtype, name=f"{name}_cast{index}")
+    for index, shape in match.reshapes.items():
+        target = builder.constant(f"{name}_shape{index}", np.asarray(shape, np.int64))
+        inputs[index] = builder.op("Reshape", inputs[index], target, name=f"{name}_reshape{index}")
     for index, array in match.constants.items():
         inputs[index] = builder.constant(f"{name}_input{index}", array)
     result = getattr(builder, match.op)(*inputs, name=name, **match.attributes)
@@ -126,10 +131,11 @@ def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> Fus
 
 
 def _undo(graph: Graph, name: str) -> None:
-    """Remove what a refused match added (its casts and, if it was created, its node) so the graph is as before."""
-    for node in [n for n in graph.nodes if n.name == name or n.name.startswith(f"{name}_cast")][::-1]:
+    """Remove what a refused match added (its casts, reshapes, constants and, if it was created, its node), so the
+    graph is as before."""
+    for node in [n for n in graph.topological_order() if n.name == name or n.name.startswith(f"{name}_")][::-1]:
         if not any(v is not None and v.uses for v in node.outputs):
             graph.remove(node)
-    for value in [v for v in graph.constant_values if v.name.startswith(f"{name}_input") and not v.uses]:
+    for value in [v for v in graph.constant_values if v.name.startswith(f"{name}_") and not v.uses]:
         graph.constant_values.remove(value)
         del graph.constants[value.name]

@@ -34,6 +34,8 @@ class Match:
     """Inputs to cast first (index -> ONNX dtype): an int64 index tensor our op takes as int32, say."""
     constants: dict[int, np.ndarray] = field(default_factory=dict)
     """Inputs that are new constants (index -> array): weights of one for a sum without probs, say."""
+    reshapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Inputs to reshape first (index -> static shape): a key of one KV head, say (after any cast)."""
 
 
 @dataclass
