@@ -26,6 +26,7 @@ from ..ir._core import Graph, Node, Value
 from ..ir._errors import GraphError
 from ..ir._types import TensorType
 from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
+from .dead_code import EliminateDeadCode, drop_unused_constants
 
 if TYPE_CHECKING:
     from ..ir._builder import GraphBuilder
@@ -45,6 +46,8 @@ class VjpContext:
         self.forward = forward
         self.mapping: dict[int, Value] = {}
         self._count = 0
+        self.depends: set[int] = set()
+        """ids of the forward values that depend on the inputs differentiated (set by ``differentiate``)."""
         self.state: dict[int, Any] = {}
         """Per forward node, what its rewrite left for its rule (attention: the statistics it now returns)."""
 
@@ -54,6 +57,10 @@ class VjpContext:
     def new(self, value: Value | None) -> Value | None:
         """The new graph's value for a forward value (None stays None)."""
         return None if value is None else self.mapping[id(value)]
+
+    def needs(self, value: Value | None) -> bool:
+        """Whether a forward value needs a cotangent (it depends on an input differentiated): rules skip the others."""
+        return value is not None and id(value) in self.depends
 
     def constant_of(self, value: Value | None) -> np.ndarray | None:
         """The array of a forward value that is a graph constant, else None."""
@@ -193,7 +200,7 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
         for old, new in zip(node.outputs, _copy_node(ctx, node)):
             if old is not None:
                 ctx.mapping[id(old)] = new
-    depends = _dependents(graph, order, sources)
+    depends = ctx.depends = _dependents(graph, order, sources)
     for node in reversed(order):
         out_grads = [cotangents.get(id(v)) if v is not None else None for v in node.outputs]
         if all(g is None for g in out_grads) or not any(v is not None and id(v) in depends for v in node.inputs):
@@ -234,4 +241,6 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
             g = ctx.op("Identity", g)
         b.output(g, name)
         exported.append(g)
-    return b.build()
+    derivative = EliminateDeadCode()(b.build())[0]   # what the outputs differentiated do not need
+    drop_unused_constants(derivative, "vjp_")
+    return derivative

@@ -8,7 +8,7 @@ from ..ir._core import Graph, Node
 
 from ._infra import Pass, PassResult
 
-__all__ = ["EliminateDeadCode", "live_nodes"]
+__all__ = ["EliminateDeadCode", "drop_unused_constants", "live_nodes"]
 
 
 def live_nodes(graph: Graph) -> set[Node]:
@@ -36,3 +36,13 @@ class EliminateDeadCode(Pass):
                 node.set_input(i, None)
         graph.nodes = [n for n in graph.nodes if n in live]
         return PassResult(graph, bool(dead))
+
+
+def drop_unused_constants(graph: Graph, prefix: str = "") -> None:
+    """Remove the constants (named with ``prefix``) that no node reads and that are not graph outputs: what a
+    rewrite left behind (slice bounds, axes) or never used."""
+    outputs = {id(v) for v in graph.outputs}
+    for value in [v for v in graph.constant_values if v.name.startswith(prefix) and not v.uses
+                  and id(v) not in outputs]:
+        graph.constant_values.remove(value)
+        del graph.constants[value.name]

@@ -20,7 +20,7 @@ import numpy as np
 from ..ir._core import Graph
 from ..ir._errors import GraphError
 from ..schemas.patterns import GraphView, Match, NearMiss, patterns
-from .dead_code import live_nodes
+from .dead_code import drop_unused_constants, live_nodes
 
 if TYPE_CHECKING:
     from ..ir._builder import GraphBuilder
@@ -82,10 +82,7 @@ def _apply(graph: Graph, match: Match, extend: Callable[[Graph], GraphBuilder], 
     live = live_nodes(graph)
     for node in [n for n in graph.topological_order() if n not in live][::-1]:
         graph.remove(node)
-    unused = [v for v in graph.constant_values if not v.uses and all(o is not v for o in graph.outputs)]
-    for value in unused:                           # the matched nodes' own constants (slice bounds, axes)
-        graph.constant_values.remove(value)
-        del graph.constants[value.name]
+    drop_unused_constants(graph)                   # the matched nodes' own constants (slice bounds, axes)
     if keep_name:
         new.name = old.name
     return builder
@@ -136,6 +133,4 @@ def _undo(graph: Graph, name: str) -> None:
     for node in [n for n in graph.topological_order() if n.name == name or n.name.startswith(f"{name}_")][::-1]:
         if not any(v is not None and v.uses for v in node.outputs):
             graph.remove(node)
-    for value in [v for v in graph.constant_values if v.name.startswith(f"{name}_") and not v.uses]:
-        graph.constant_values.remove(value)
-        del graph.constants[value.name]
+    drop_unused_constants(graph, f"{name}_")

@@ -50,10 +50,16 @@ def _forward(ctx, node, grads):
     else:
         dx = ctx.b.InplacePartialRotaryMulGrad(dy, cos, sin, rotary_mode=mode, partial_slice=[start, end],
                                                name=ctx.fresh("rotary_grad"))
-    if end == start:
-        return [dx, ctx.zeros_like(cos), ctx.zeros_like(sin)]
-    return [dx, _table_cotangent(ctx, node, dy, x, cos, start, end, 1.0, 0.0),
-            _table_cotangent(ctx, node, dy, x, sin, start, end, 0.0, 1.0)]
+    tables = []
+    for table, cos_value, sin_value in ((node.inputs[1], 1.0, 0.0), (node.inputs[2], 0.0, 1.0)):
+        new = ctx.new(table)
+        if not ctx.needs(table):
+            tables.append(None)
+        elif end == start:
+            tables.append(ctx.zeros_like(new))
+        else:
+            tables.append(_table_cotangent(ctx, node, dy, x, new, start, end, cos_value, sin_value))
+    return [dx, *tables]
 
 
 @register_vjp(GRAD.op_type)

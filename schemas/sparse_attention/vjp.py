@@ -117,6 +117,6 @@ def _forward(ctx, node, grads):
         query, key, indices, d_out, out, row_max, row_sum, None if merged else value, *lengths, query_rope, key_rope,
         scale_value=attrs["scale_value"], sparse_block_size=attrs["sparse_block_size"], layout=layout,
         sparse_mode=attrs["sparse_mode"], name=ctx.fresh("sfa_grad"))
-    d_sinks = None if sinks is None else _sinks_cotangent(ctx, node, d_out, out, row_max, row_sum, sinks)
+    d_sinks = _sinks_cotangent(ctx, node, d_out, out, row_max, row_sum, sinks) if ctx.needs(node.inputs[9]) else None
     return [d_query, d_key, ctx.accounted if merged else d_value, None, None, None, None, d_query_rope, d_key_rope,
             d_sinks]
