@@ -84,6 +84,20 @@ def sfa_graph(feeds: dict, op: str = SFA, name: str = "node", **attrs):
     return b.build(), {k: v for k, v in feeds.items() if v is not None}
 
 
+def sfa_grad_feeds(arrays: dict, forward_out: dict, d_out: np.ndarray, layout: str, indices=None) -> dict:
+    """SparseFlashAttentionGrad feeds from a forward case's arrays and its outputs (out and statistics); TND keeps
+    its lengths, BSND drops them (the grad ignores them)."""
+    feeds = {"query": arrays["query"], "key": arrays["key"],
+             "sparse_indices": arrays["sparse_indices"] if indices is None else indices, "d_out": d_out,
+             "out": forward_out["attention_out"], "softmax_max": forward_out["softmax_max"],
+             "softmax_sum": forward_out["softmax_sum"], "value": arrays["value"], "query_rope": arrays["query_rope"],
+             "key_rope": arrays["key_rope"]}
+    if layout == "TND":
+        feeds["actual_seq_lengths_query"] = arrays["actual_seq_lengths_query"]
+        feeds["actual_seq_lengths_kv"] = arrays["actual_seq_lengths_kv"]
+    return feeds
+
+
 def assert_same_graph(got: geir.Graph, want: geir.Graph) -> None:
     """Same name, inputs, constants, nodes (op, domain, name, attributes, input and output names and types), outputs."""
     def sig(v):

@@ -4,19 +4,10 @@
  * contract (spec 1: "no FMA requirement; matmul/sum order unspecified"), unlike the rotary and MoE
  * kernels, which stay bit-identical to the NumPy runtime. */
 #pragma GCC optimize("fp-contract=fast")
-#include "gemm.h"
+#include "vecmath.h"
 
 #define MR 6
 #define KC 256 /* k per block: a B panel of KC x 2 vectors stays in L1 across the i tiles */
-
-typedef float vf __attribute__((vector_size(GEIR_VEC * 4)));
-
-static inline vf vload(const float* p) {
-  vf v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-static inline void vstore(float* p, vf v) { memcpy(p, &v, sizeof v); }
 
 /* One MR x (nv * GEIR_VEC) tile of C at column j; rows r >= mr repeat row mr - 1 and are not stored. */
 static inline __attribute__((always_inline)) void tile(int nv, int64_t k, const float* const a[MR], int64_t a_step,
@@ -27,7 +18,7 @@ static inline __attribute__((always_inline)) void tile(int nv, int64_t k, const 
   const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
   for (int64_t p = 0; p < k; p++) {
     const float* row = b[p] + j;
-    vf b0 = vload(row), b1 = nv == 2 ? vload(row + GEIR_VEC) : (vf){0};
+    vf b0 = vf_load(row), b1 = nv == 2 ? vf_load(row + GEIR_VEC) : (vf){0};
     int64_t o = p * a_step;
 #define GEIR_ROW(r, ar)                    \
   {                                        \
@@ -41,7 +32,7 @@ static inline __attribute__((always_inline)) void tile(int nv, int64_t k, const 
   for (int r = 0; r < mr; r++)
     for (int v = 0; v < nv; v++) {
       float* dst = c[r] + j + v * GEIR_VEC;
-      vstore(dst, accumulate ? vload(dst) + acc[r][v] : acc[r][v]);
+      vf_store(dst, accumulate ? vf_load(dst) + acc[r][v] : acc[r][v]);
     }
 }
 

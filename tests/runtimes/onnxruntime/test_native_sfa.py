@@ -13,7 +13,7 @@ import pytest
 import geir
 from geir.runtimes.onnxruntime import native_library
 from geir.schemas.sparse_attention.examples import SfaCase, paged_arrays
-from helpers import SFA, SFA_GRAD, sfa_graph
+from helpers import SFA, SFA_GRAD, sfa_graph, sfa_grad_feeds
 from native_helpers import requires_compiler, run_isolated
 
 pytestmark = requires_compiler
@@ -72,14 +72,8 @@ def _grad(case: SfaCase):
     arrays = case.arrays()
     graph, feeds = _forward(case, arrays)
     out = geir.run(graph, feeds)
-    rng = np.random.default_rng(case.seed + 50)
-    grad = {"query": arrays["query"], "key": arrays["key"], "sparse_indices": arrays["sparse_indices"],
-            "d_out": rng.standard_normal(out["attention_out"].shape).astype(arrays["query"].dtype),
-            "out": out["attention_out"], "softmax_max": out["softmax_max"], "softmax_sum": out["softmax_sum"],
-            "value": arrays["value"], "query_rope": arrays["query_rope"], "key_rope": arrays["key_rope"]}
-    if case.layout == "TND":
-        grad["actual_seq_lengths_query"] = arrays["actual_seq_lengths_query"]
-        grad["actual_seq_lengths_kv"] = arrays["actual_seq_lengths_kv"]
+    d_out = np.random.default_rng(case.seed + 50).standard_normal(out["attention_out"].shape)
+    grad = sfa_grad_feeds(arrays, out, d_out.astype(arrays["query"].dtype), case.layout)
     return sfa_graph(grad, SFA_GRAD, **case.grad_attrs())
 
 

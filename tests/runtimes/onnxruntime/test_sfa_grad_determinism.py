@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import geir
-from helpers import SFA, SFA_GRAD, sfa_graph
+from helpers import SFA, SFA_GRAD, sfa_graph, sfa_grad_feeds
 from oracles.onnx_runners import run_onnxruntime
 from geir.schemas.sparse_attention.examples import SfaCase
 
@@ -40,14 +40,8 @@ def _grad_problem(case: SfaCase):
         forward_arrays["value"] = np.ascontiguousarray(arrays["key"][..., :case.D2])
     fwd, fwd_feeds = sfa_graph(forward_arrays, SFA, **case.forward_attrs())
     out = geir.run(fwd, fwd_feeds)
-    rng = np.random.default_rng(case.seed + 100)
-    grad_feeds = {"query": arrays["query"], "key": arrays["key"], "sparse_indices": indices,
-                  "d_out": rng.standard_normal(out["attention_out"].shape).astype(arrays["query"].dtype),
-                  "out": out["attention_out"], "softmax_max": out["softmax_max"], "softmax_sum": out["softmax_sum"],
-                  "value": arrays["value"], "query_rope": arrays["query_rope"], "key_rope": arrays["key_rope"]}
-    if case.layout == "TND":
-        grad_feeds["actual_seq_lengths_query"] = arrays["actual_seq_lengths_query"]
-        grad_feeds["actual_seq_lengths_kv"] = arrays["actual_seq_lengths_kv"]
+    d_out = np.random.default_rng(case.seed + 100).standard_normal(out["attention_out"].shape)
+    grad_feeds = sfa_grad_feeds(arrays, out, d_out.astype(arrays["query"].dtype), case.layout, indices)
     return sfa_graph(grad_feeds, SFA_GRAD, **case.grad_attrs())
 
 
