@@ -1,4 +1,5 @@
-"""Graph passes: verification, inference, dead-code elimination and target checks."""
+"""Graph passes: verification, inference, dead-code elimination, target checks, autodiff (``autodiff``) and
+fusion (``fusion``), the last two reached through ``geir.grad`` and ``geir.fuse``."""
 
 from __future__ import annotations
 
