@@ -7,7 +7,8 @@
 - partial (a rope on a slice of the head dim, the rest passed through: ``cat(x[..., :s], rope(x[..., s:e]),
   x[..., e:])``, MLA's rope part) -> the same op on x with partial_slice [s, e];
 - half backward (``dy * cos + cat((dy * sin)[..., h:], -(dy * sin)[..., :h])``, the transpose of the half
-  forward) -> InplacePartialRotaryMulGrad, mode 0.
+  forward) -> InplacePartialRotaryMulGrad, mode 0; interleaved backward (``dy * cos + stack((dy * sin)[..., 1::2],
+  -(dy * sin)[..., 0::2], -1)`` flattened) -> mode 1.
 The tables must already be rank 4 (a near miss says so otherwise); the op's own rules check the rest.
 """
 
@@ -55,8 +56,9 @@ def _rotate_half(view: GraphView, value):
     return None if found is None else (found[0], [concat, neg, *found[1]])
 
 
-def _rotate_every_two(view: GraphView, value):
-    """(x, nodes) when ``value`` is stack(-x[..., 1::2], x[..., 0::2], -1) flattened back to x's shape."""
+def _stacked_pair(view: GraphView, value):
+    """(first, second, reshape, nodes) when ``value`` is stack(first, second, -1) flattened back (Unsqueeze both,
+    Concat on the new last axis, Reshape or Flatten), else None."""
     reshape = view.producer(value, "Reshape", "Flatten")
     if reshape is None:
         return None
@@ -66,22 +68,33 @@ def _rotate_every_two(view: GraphView, value):
     parts = [view.producer(v, "Unsqueeze") for v in concat.inputs]
     if None in parts:
         return None
-    neg = view.producer(parts[0].inputs[0], "Neg")
-    if neg is None:
-        return None
-    odd, even = view.slice_of(neg.inputs[0]), view.slice_of(parts[1].inputs[0])
+    return parts[0].inputs[0], parts[1].inputs[0], reshape, [reshape, concat, *parts]
+
+
+def _odd_even(view: GraphView, odd_value, even_value, reshape):
+    """(x, nodes) when the values are x[..., 1::2] and x[..., 0::2] of one x that ``reshape`` gives back whole."""
+    odd, even = view.slice_of(odd_value), view.slice_of(even_value)
     if odd is None or even is None or odd[0] is not even[0]:
         return None
     x = odd[0]
-    if not (view.last_axis(x, odd[1]) and odd[1] == even[1]):
+    d = x.type.shape[-1]
+    if not (view.last_axis(x, odd[1]) and odd[1] == even[1]) or (odd[2], odd[4], even[2], even[4]) != (1, 2, 0, 2) \
+            or odd[3] < d or even[3] < d - 1:
         return None
-    if tuple(value.type.shape) != tuple(x.type.shape) and not _flattens_to(view, reshape, x):
+    if tuple(reshape.outputs[0].type.shape) != tuple(x.type.shape) and not _flattens_to(view, reshape, x):
         return NearMiss("matches only with static shapes: the flatten after the stack has a target computed at run "
                         "time that does not fold to x's shape")
-    d = x.type.shape[-1]
-    if (odd[2], odd[4], even[2], even[4]) != (1, 2, 0, 2) or odd[3] < d or even[3] < d - 1:
+    return x, [odd_value.producer, even_value.producer]
+
+
+def _rotate_every_two(view: GraphView, value):
+    """(x, nodes) when ``value`` is stack(-x[..., 1::2], x[..., 0::2], -1) flattened back to x's shape."""
+    found = _stacked_pair(view, value)
+    neg = view.producer(found[0], "Neg") if found is not None else None
+    if neg is None:
         return None
-    return x, [reshape, concat, *parts, neg, neg.inputs[0].producer, parts[1].inputs[0].producer]
+    pair = _odd_even(view, neg.inputs[0], found[1], found[2])
+    return pair if pair is None or isinstance(pair, NearMiss) else (pair[0], [*found[3], neg, *pair[1]])
 
 
 def _flattens_to(view: GraphView, reshape, x) -> bool:
@@ -115,6 +128,8 @@ def _rope(view: GraphView, add, rotation, mode: int):
     for rotated_mul, plain_mul in (terms, terms[::-1]):
         for i in (0, 1):
             found = rotation(view, rotated_mul.inputs[i])
+            if isinstance(found, NearMiss):
+                return found
             if found is None:
                 continue
             x, nodes = found
@@ -202,4 +217,31 @@ def _half_backward(view: GraphView, add):
             return miss
         return Match(GRAD.op_type, [dy, cos, sin], {"rotary_mode": 0, "partial_slice": [0, dy.type.shape[-1]]},
                      add.outputs[0], [add, plain_mul, concat, neg, sin_mul, *nodes])
+    return None
+
+
+@register_pattern("rotary interleaved backward (dy * cos + stack((dy * sin)[..., 1::2], -(dy * sin)[..., 0::2]))",
+                  "Add")
+def _interleaved_backward(view: GraphView, add):
+    for plain, moved in (add.inputs, add.inputs[::-1]):
+        plain_mul, found = view.producer(plain, "Mul"), _stacked_pair(view, moved)
+        neg = view.producer(found[1], "Neg") if found is not None else None
+        if plain_mul is None or neg is None:
+            continue
+        pair = _odd_even(view, found[0], neg.inputs[0], found[2])
+        if isinstance(pair, NearMiss):
+            return pair
+        sin_mul = view.producer(pair[0], "Mul") if pair is not None else None
+        if sin_mul is None:
+            continue
+        dy = next((v for v in sin_mul.inputs if v in plain_mul.inputs), None)
+        if dy is None:
+            return NearMiss("the two products do not share the gradient they multiply")
+        sin = sin_mul.inputs[1 - sin_mul.inputs.index(dy)]
+        cos = plain_mul.inputs[1 - plain_mul.inputs.index(dy)]
+        miss = _tables_rank_4(dy, cos, sin)
+        if miss is not None:
+            return miss
+        return Match(GRAD.op_type, [dy, cos, sin], {"rotary_mode": 1, "partial_slice": [0, dy.type.shape[-1]]},
+                     add.outputs[0], [add, plain_mul, *found[3], neg, sin_mul, *pair[1]])
     return None

@@ -52,6 +52,12 @@ def _rope_graph(kind: str, shape=(2, 4, 3, 8), table=(1, 4, 1, 8), dtype="float3
         y = b.op("Add", b.op("Mul", sin, _rotate_half(b, x, d, split=True)), b.op("Mul", cos, x))
     elif kind == "interleaved":
         y = b.op("Add", b.op("Mul", x, cos), b.op("Mul", _rotate_every_two(b, x, shape), sin))
+    elif kind == "interleaved_backward":
+        m = b.op("Mul", x, sin)
+        odd, even = _slice(b, m, 1, BIG, 2), _slice(b, m, 0, BIG, 2)
+        stacked = b.op("Concat", b.op("Unsqueeze", odd, _ints(b, [-1])),
+                       b.op("Unsqueeze", b.op("Neg", even), _ints(b, [-1])), axis=-1)
+        y = b.op("Add", b.op("Mul", x, cos), b.op("Reshape", stacked, _ints(b, list(shape))))
     elif kind == "half_backward":
         m = b.op("Mul", x, sin)
         moved = b.op("Concat", _slice(b, m, d // 2, BIG), b.op("Neg", _slice(b, m, 0, d // 2)), axis=-1)
@@ -97,7 +103,8 @@ def _assert_same_function(original: geir.Graph, fused: geir.Graph, runtimes=("nu
 @pytest.mark.parametrize("kind, op, mode", [("half", "InplacePartialRotaryMul", 0),
                                             ("half_split_commuted", "InplacePartialRotaryMul", 0),
                                             ("interleaved", "InplacePartialRotaryMul", 1),
-                                            ("half_backward", "InplacePartialRotaryMulGrad", 0)])
+                                            ("half_backward", "InplacePartialRotaryMulGrad", 0),
+                                            ("interleaved_backward", "InplacePartialRotaryMulGrad", 1)])
 @pytest.mark.parametrize("table", [(1, 4, 1, 8), (2, 4, 3, 8), (2, 1, 1, 8)])
 def test_rope_patterns_fuse_and_compute_the_same(kind, op, mode, table):
     original = _rope_graph(kind, table=table)
@@ -260,23 +267,31 @@ def test_models_exported_from_pytorch_fuse():
         _assert_same_function(original, fused, runtimes=("numpy",))
 
 
-def _attention_graph(indices=None, scale_op="Mul", dtype="float16", softmax_axis=-1):
+def _attention_graph(indices=None, scale_op="Mul", dtype="float16", softmax_axis=-1, masked=False):
     b = geir.GraphBuilder("gathered_attention")
     q = b.input("q", dtype, (5, 4, 8))
     k = b.input("k", dtype, (9, 8))
     v = b.input("v", dtype, (9, 6))
     idx = b.constant("idx", np.asarray(indices, np.int64)) if indices is not None else b.input("idx", "int64", (5, 3))
-    scores = b.op("MatMul", q, b.op("Transpose", b.op("Gather", k, idx, axis=0), perm=[0, 2, 1]))
+    rows = b.op("Max", idx, b.constant("zero", np.array(0, np.int64))) if masked else idx
+    scores = b.op("MatMul", q, b.op("Transpose", b.op("Gather", k, rows, axis=0), perm=[0, 2, 1]))
     factor = b.constant("factor", np.array(0.25 if scale_op == "Mul" else 4.0, dtype))
-    probs = b.op("Softmax", b.op(scale_op, scores, factor), axis=softmax_axis)
-    b.output(b.op("MatMul", probs, b.op("Gather", v, idx, axis=0)), "out")
+    scores = b.op(scale_op, scores, factor)
+    if masked:                     # masked_fill(-inf) where the row is padded with -1
+        valid = b.op("Unsqueeze", b.op("GreaterOrEqual", idx, b.constant("zero_", np.array(0, np.int64))),
+                     b.constant("axis1", np.array([1], np.int64)))
+        scores = b.op("Where", valid, scores, b.constant("minus_inf", np.array(-np.inf, dtype)))
+    probs = b.op("Softmax", scores, axis=softmax_axis)
+    b.output(b.op("MatMul", probs, b.op("Gather", v, rows, axis=0)), "out")
     return b.build()
 
 
-@pytest.mark.parametrize("scale_op", ["Mul", "Div"])
-def test_attention_over_gathered_keys_becomes_sparse_flash_attention(scale_op):
+@pytest.mark.parametrize("scale_op, masked", [("Mul", False), ("Div", False), ("Mul", True)])
+def test_attention_over_gathered_keys_becomes_sparse_flash_attention(scale_op, masked):
     rows = np.array([[0, 3, 8], [2, 1, 0], [5, 6, 7], [4, 0, 2], [8, 7, 6]])
-    original = _attention_graph(rows, scale_op)
+    if masked:                                     # -1 padding at the end of rows, as the op reads it
+        rows[[0, 2], 2], rows[3, 1:] = -1, -1
+    original = _attention_graph(rows, scale_op, masked=masked)
     fused, report = geir.fuse(original)
     attention = [n for n in fused.nodes if n.op_type == "SparseFlashAttention"]
     assert len(attention) == 1 and report.fused[0].pattern.startswith("sparse attention")
@@ -302,6 +317,8 @@ def test_attention_near_misses():
     assert "distinct ids in [0, T2)" in report.near_misses[0].reason
     _, report = geir.fuse(_attention_graph([[0, 1, 2]] * 5, softmax_axis=1))
     assert report.near_misses[0].reason == "the softmax is not over the last axis (the keys)"
+    _, report = geir.fuse(_attention_graph([[0, -1, 2]] + [[0, 1, 2]] * 4, masked=True))   # padding not at the end
+    assert "padding that is not trailing" in report.near_misses[0].reason
     fused, report = geir.fuse(_attention_graph())                       # a fed index tensor: checked at run time
     assert [n.op_type for n in fused.nodes][-1] == "SparseFlashAttention"
     with pytest.raises(geir.ExecutionError, match=r"SA-D3"):
