@@ -65,6 +65,8 @@ def _apply(graph: Graph, match: Match, extend: Callable[[Graph], GraphBuilder], 
     """Add our op for ``match`` (its rules checked on creation) and move the replaced value's uses to it."""
     builder = extend(graph)
     inputs = list(match.inputs)
+    for index, transform in match.transforms.items():
+        inputs[index] = transform(builder, inputs[index], f"{name}_convert{index}")
     for index, dtype in match.casts.items():
         inputs[index] = builder.op("Cast", inputs[index], to=dtype, name=f"{name}_cast{index}")
     for index, shape in match.reshapes.items():

@@ -36,6 +36,9 @@ class Match:
     """Inputs that are new constants (index -> array): weights of one for a sum without probs, say."""
     reshapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Inputs to reshape first (index -> static shape): a key of one KV head, say (after any cast)."""
+    transforms: dict[int, Callable[[Any, Any, str], Any]] = field(default_factory=dict)
+    """Inputs computed from a value by nodes the match adds (index -> ``f(builder, value, name)``), before the
+    casts: an index convention converted, say."""
 
 
 @dataclass
@@ -126,6 +129,28 @@ class GraphView:
                 return None
             return parts[0][slice(int(parts[1][0]), int(parts[2][0]), int(steps[0]))]
         return None
+
+    def reshaped_shape(self, node: Any) -> tuple[int, ...] | None:
+        """The static shape a Reshape node gives when its source is static and its target folds (``folded``)."""
+        if node is None or node.op_type != "Reshape" or not node.inputs[0].type.is_static:
+            return None
+        target = self.folded(node.inputs[1])
+        if target is None or target.ndim != 1:
+            return None
+        source = tuple(node.inputs[0].type.shape)
+        dims = [source[i] if d == 0 and not node.attributes.get("allowzero", 0) else int(d) for i, d in enumerate(target)]
+        try:
+            return np.empty(source, np.int8).reshape(dims).shape
+        except ValueError:
+            return None
+
+    def through_identity_reshape(self, value: Any) -> Any:
+        """The source of ``value`` when it is a Reshape that gives the source's own static shape back (exporters
+        write ``x.reshape(len(idx), -1)`` and the like), else ``value``."""
+        node = self.producer(value, "Reshape")
+        if node is not None and self.reshaped_shape(node) == tuple(node.inputs[0].type.shape):
+            return node.inputs[0]
+        return value
 
     def scalar(self, value: Any) -> float | None:
         array = self.constant(value)

@@ -14,8 +14,6 @@ The tables must already be rank 4 (a near miss says so otherwise); the op's own 
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..patterns import GraphView, Match, NearMiss, register_pattern
 from .schema import FORWARD, GRAD
 
@@ -99,17 +97,7 @@ def _rotate_every_two(view: GraphView, value):
 
 def _flattens_to(view: GraphView, reshape, x) -> bool:
     """Whether ``reshape`` (a Reshape whose target is a foldable shape computation) gives x's static shape."""
-    if reshape.op_type != "Reshape" or not x.type.is_static or not reshape.inputs[0].type.is_static:
-        return False
-    target = view.folded(reshape.inputs[1])
-    if target is None or target.ndim != 1:
-        return False
-    source = tuple(reshape.inputs[0].type.shape)
-    dims = [source[i] if d == 0 and not reshape.attributes.get("allowzero", 0) else int(d) for i, d in enumerate(target)]
-    try:
-        return np.empty(source, np.int8).reshape(dims).shape == tuple(x.type.shape)
-    except ValueError:
-        return False
+    return x.type.is_static and view.reshaped_shape(reshape) == tuple(x.type.shape)
 
 
 def _tables_rank_4(x, cos, sin) -> NearMiss | None:

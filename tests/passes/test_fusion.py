@@ -254,11 +254,19 @@ def test_models_exported_from_pytorch_fuse():
             rows = permuted[idx].reshape(3, 2, 4)
             return (rows * probs.unsqueeze(-1)).sum(dim=1)
 
+    class ScatterUnpermute(torch.nn.Module):
+        def forward(self, permuted, row2slot, probs):
+            placed = torch.zeros_like(permuted)
+            placed[row2slot] = permuted
+            return (placed.reshape(3, 2, 4) * probs.unsqueeze(-1)).sum(dim=1)
+
     x, table = torch.randn(2, 4, 3, 8), torch.randn(1, 4, 1, 8)
     cases = [(LlamaRope(), (x, table, table), ["x", "cos", "sin"], "InplacePartialRotaryMul"),
              (GptjRope(), (x, table, table), ["x", "cos", "sin"], "InplacePartialRotaryMul"),
              (MlaRope(), (torch.randn(2, 4, 3, 16), table, table), ["x", "cos", "sin"], "InplacePartialRotaryMul"),
              (Unpermute(), (torch.randn(6, 4), torch.randperm(6).to(torch.int32), torch.rand(3, 2)),
+              ["permuted", "idx", "probs"], "MoeTokenUnpermute"),
+             (ScatterUnpermute(), (torch.randn(6, 4), torch.randperm(6), torch.rand(3, 2)),
               ["permuted", "idx", "probs"], "MoeTokenUnpermute")]
     for module, args, names, op in cases:
         original = _export(module, args, names)
@@ -324,3 +332,26 @@ def test_attention_near_misses():
     with pytest.raises(geir.ExecutionError, match=r"SA-D3"):
         geir.run(fused, {"q": np.zeros((5, 4, 8), np.float16), "k": np.zeros((9, 8), np.float16),
                          "v": np.zeros((9, 6), np.float16), "idx": np.zeros((5, 3), np.int64)})
+
+
+def test_moe_rows_scattered_to_their_slots_convert_the_index_convention():
+    """out[row2slot] = rows (a ScatterND) is the gather by the inverse permutation: fused with CANN's sorted_indices
+    computed in the graph."""
+    b = geir.GraphBuilder("scatter_unpermute")
+    rows = b.input("rows", "float32", (6, 4))
+    row2slot = b.input("row2slot", "int64", (6,))
+    probs = b.input("probs", "float32", (3, 2))
+    placed = b.op("ScatterND", b.constant("zeros", np.zeros((6, 4), np.float32)),
+                  b.op("Unsqueeze", row2slot, _ints(b, [-1])), rows)
+    weighted = b.op("Mul", b.op("Reshape", placed, _ints(b, [3, 2, 4])), b.op("Unsqueeze", probs, _ints(b, [-1])))
+    b.output(b.op("ReduceSum", weighted, _ints(b, [1]), keepdims=0), "y")
+    original = b.build()
+    fused, report = geir.fuse(original)
+    ops = [n.op_type for n in fused.nodes]
+    assert ops[-1] == "MoeTokenUnpermute" and "ScatterND" not in ops and "ScatterElements" in ops
+    assert report.fused[0].pattern.startswith("MoE unpermute")
+    _assert_same_function(original, fused)
+    slots = np.array([2, 4, 0, 3, 1, 5])                      # row r goes to slot slots[r]
+    feeds = {"rows": np.arange(24, dtype=np.float32).reshape(6, 4), "row2slot": slots,
+             "probs": np.ones((3, 2), np.float32)}
+    np.testing.assert_array_equal(geir.run(fused, feeds)["y"], geir.run(original, feeds)["y"])
