@@ -37,7 +37,13 @@ ATTENTION_TARGETS = {"SparseFlashAttentionGrad": {"geir onnxruntime": ((MATMUL, 
 """Attention at >= 50 % (grad) / 60 % (forward) of the matmul's FLOP rate natively, >= 25 % on the NumPy runtime."""
 
 
+SETTLE_S = 0.3
+"""Pause before each row: BLAS worker threads of the previous row (NumPy's matmul) spin for about 0.1 s after
+their last job and would take CPU from this row's threads."""
+
+
 def best_time(fn: Callable[[], object], repeat: int) -> float:
+    time.sleep(SETTLE_S)
     fn()  # warm up: page in buffers, first-call costs, session creation
     best = float("inf")
     for _ in range(repeat):
