@@ -317,7 +317,8 @@ static void row_subject(const SfaPlan* p, int64_t q, int64_t head, char* out, si
 
 /* ---- block ids (SA-D3) and the selection ----------------------------------------------------------- */
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* ceil(a / b) for a >= 0, b >= 1, without overflow for any block size up to INT64_MAX. */
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 /* SA-D3 on every entry of a row the op reads; ``stamp`` marks the ids seen in this row. */
 static OrtStatus* check_row(const SfaPlan* p, int64_t q, int64_t head, const int32_t* row, int64_t* seen, int64_t stamp) {
@@ -354,7 +355,8 @@ static int64_t selected(const SfaPlan* p, int64_t q, const int32_t* row, int64_t
   int64_t thr = p->threshold[q], bs = p->k->block_size, count = 0;
   int64_t valid = ceil_div(thr, bs) < p->k_entries ? ceil_div(thr, bs) : p->k_entries;
   for (int64_t i = 0; i < valid && row[i] != -1; i++) {
-    int64_t begin = (int64_t)row[i] * bs, end = begin + bs < thr ? begin + bs : thr;
+    int64_t begin = (int64_t)row[i] * bs; /* row[i] < ceil(S2b / bs) (checked): begin < S2b, no overflow */
+    int64_t end = bs >= thr - begin ? thr : begin + bs;
     for (int64_t j = begin; j < end; j++, count++)
       if (out) out[count] = j;
   }

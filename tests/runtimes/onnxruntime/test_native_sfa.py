@@ -33,6 +33,8 @@ CASES = {
     "bsnd_f16_one_head_per_group": SfaCase(B=1, S1=9, S2=30, N1=3, N2=3, D=12, D2=12, Dr=4, K=7, mode=0, seed=4),
     "bsnd_bf16_kv_merge": SfaCase(B=2, S1=8, S2=24, N1=12, D=40, D2=32, K=6, bs=2, kv_merge=True, dtype="bfloat16",
                                   seed=5),
+    "bsnd_bf16_block_size_int64_max": SfaCase(B=1, S1=4, S2=8, N1=2, D=8, D2=8, K=2, bs=2 ** 63 - 1, dtype="bfloat16",
+                                              seed=10),
     "bsnd_f16_long_rows": SfaCase(B=1, S1=16, S2=512, N1=8, D=320, D2=264, Dr=16, K=300, mode=0, full=True, seed=6),
 }
 FORWARD_ONLY = {
