@@ -210,7 +210,13 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
             raise GraphError(f"geir.grad: no VJP rule for {node.op_type} '{node.name}' (on the way from the inputs "
                              f"differentiated to the outputs); ops with rules: {', '.join(vjp_ops())}",
                              node=node.name, location=node.location)
-        in_grads = list(rule(ctx, node, out_grads))
+        try:
+            in_grads = list(rule(ctx, node, out_grads))
+        except GraphError:
+            raise
+        except Exception as exc:   # a rule that did not foresee this node: a GraphError naming it, not a traceback
+            raise GraphError(f"geir.grad: the VJP rule of {node.op_type} '{node.name}' failed: {type(exc).__name__}: "
+                             f"{exc}", node=node.name, location=node.location) from exc
         if len(in_grads) != len(node.inputs):
             raise GraphError(f"geir.grad: the VJP rule of {node.op_type} returned {len(in_grads)} cotangents for "
                              f"{len(node.inputs)} inputs", node=node.name)

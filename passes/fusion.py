@@ -103,7 +103,10 @@ def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> Fus
             for node in graph.topological_order():
                 if node.graph is not graph or node.op_type != pattern.anchor or node.domain != "":
                     continue
-                result = pattern.match(GraphView(graph), node)
+                try:
+                    result = pattern.match(GraphView(graph), node)
+                except Exception as exc:   # a graph the matcher did not foresee: reported, never a crash
+                    result = NearMiss(f"the matcher failed on this node ({type(exc).__name__}: {exc})")
                 if isinstance(result, Match):
                     count += 1
                     name = f"fused_{result.op}_{count}"

@@ -316,3 +316,14 @@ def test_rotary_and_moe_gradients_agree_with_torch_autograd():
     (y * y * torch.tensor(u)).sum().backward()
     np.testing.assert_allclose(got["grad_tokens"], tokens.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got["grad_probs"], probs.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_rule_that_fails_is_a_graph_error_naming_the_node(monkeypatch):
+    from geir.schemas import vjp
+
+    def broken(ctx, node, grads):
+        raise IndexError("surprise")
+    monkeypatch.setitem(vjp._RULES, ("Tanh", ""), broken)
+    graph = _graph("tanh", {"a": (2, 3)}, lambda b, a: b.op("Tanh", a))
+    with pytest.raises(geir.GraphError, match=r"the VJP rule of Tanh 'Tanh_0' failed: IndexError: surprise"):
+        geir.grad(graph)

@@ -355,3 +355,24 @@ def test_moe_rows_scattered_to_their_slots_convert_the_index_convention():
     feeds = {"rows": np.arange(24, dtype=np.float32).reshape(6, 4), "row2slot": slots,
              "probs": np.ones((3, 2), np.float32)}
     np.testing.assert_array_equal(geir.run(fused, feeds)["y"], geir.run(original, feeds)["y"])
+
+
+def test_a_matcher_that_fails_is_reported_not_raised(monkeypatch):
+    from geir.schemas import patterns
+
+    def broken(view, node):
+        raise KeyError("surprise")
+    monkeypatch.setattr(patterns, "_PATTERNS", [*patterns._PATTERNS, patterns.Pattern("broken", "Add", broken)])
+    _, report = geir.fuse(_rope_graph("half"))
+    assert len(report.fused) == 1                                   # the real pattern still fused the rope
+    graph = _graph_add()
+    _, report = geir.fuse(graph)
+    assert [(m.pattern, m.reason) for m in report.near_misses] == [
+        ("broken", "the matcher failed on this node (KeyError: 'surprise')")]
+
+
+def _graph_add() -> geir.Graph:
+    b = geir.GraphBuilder("add")
+    x = b.input("x", "float32", (2,))
+    b.output(b.op("Add", x, x), "y")
+    return b.build()
