@@ -192,20 +192,28 @@ def _half_backward(view: GraphView, add):
         if found is None:
             continue
         product, nodes = found
-        sin_mul = view.producer(product, "Mul")
-        if sin_mul is None:
-            continue
-        dy = next((v for v in sin_mul.inputs if v in plain_mul.inputs), None)
-        if dy is None:
-            return NearMiss("the two products do not share the gradient they multiply")
-        sin = sin_mul.inputs[1 - sin_mul.inputs.index(dy)]
-        cos = plain_mul.inputs[1 - plain_mul.inputs.index(dy)]
-        miss = _tables_rank_4(dy, cos, sin)
-        if miss is not None:
-            return miss
-        return Match(GRAD.op_type, [dy, cos, sin], {"rotary_mode": 0, "partial_slice": [0, dy.type.shape[-1]]},
-                     add.outputs[0], [add, plain_mul, concat, neg, sin_mul, *nodes])
+        match = _backward(view, add, plain_mul, product, 0, [concat, neg, *nodes])
+        if match is not None:
+            return match
     return None
+
+
+def _backward(view: GraphView, add, plain_mul, product, mode: int, nodes: list):
+    """The grad op for ``add = dy * cos + moved(dy * sin)`` once ``product`` is known to be the moved ``dy * sin``;
+    None when ``product`` is no such product."""
+    sin_mul = view.producer(product, "Mul")
+    if sin_mul is None:
+        return None
+    dy = next((v for v in sin_mul.inputs if v in plain_mul.inputs), None)
+    if dy is None:
+        return NearMiss("the two products do not share the gradient they multiply")
+    sin = sin_mul.inputs[1 - sin_mul.inputs.index(dy)]
+    cos = plain_mul.inputs[1 - plain_mul.inputs.index(dy)]
+    miss = _tables_rank_4(dy, cos, sin)
+    if miss is not None:
+        return miss
+    return Match(GRAD.op_type, [dy, cos, sin], {"rotary_mode": mode, "partial_slice": [0, dy.type.shape[-1]]},
+                 add.outputs[0], [add, plain_mul, sin_mul, *nodes])
 
 
 @register_pattern("rotary interleaved backward (dy * cos + stack((dy * sin)[..., 1::2], -(dy * sin)[..., 0::2]))",
@@ -219,17 +227,9 @@ def _interleaved_backward(view: GraphView, add):
         pair = _odd_even(view, found[0], neg.inputs[0], found[2])
         if isinstance(pair, NearMiss):
             return pair
-        sin_mul = view.producer(pair[0], "Mul") if pair is not None else None
-        if sin_mul is None:
+        if pair is None:
             continue
-        dy = next((v for v in sin_mul.inputs if v in plain_mul.inputs), None)
-        if dy is None:
-            return NearMiss("the two products do not share the gradient they multiply")
-        sin = sin_mul.inputs[1 - sin_mul.inputs.index(dy)]
-        cos = plain_mul.inputs[1 - plain_mul.inputs.index(dy)]
-        miss = _tables_rank_4(dy, cos, sin)
-        if miss is not None:
-            return miss
-        return Match(GRAD.op_type, [dy, cos, sin], {"rotary_mode": 1, "partial_slice": [0, dy.type.shape[-1]]},
-                     add.outputs[0], [add, plain_mul, *found[3], neg, sin_mul, *pair[1]])
+        match = _backward(view, add, plain_mul, pair[0], 1, [*found[3], neg, *pair[1]])
+        if match is not None:
+            return match
     return None
