@@ -138,12 +138,17 @@ static void moe_grad_task(void* user, size_t task) {
       d = dy;
       p = row;
     }
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* float32 dot over H; the order is the contract's to choose */
+    /* float32 dot over H, the order is the contract's to choose: 32 lanes (four independent vector sums, so
+     * the adds do not wait on each other), then a fixed pairwise tree */
+    float lanes[32];
+    for (int l = 0; l < 32; l++) lanes[l] = 0.0f;
     int64_t i = 0;
-    for (; i + 8 <= H; i += 8)
-      for (int l = 0; l < 8; l++) lanes[l] += p[i + l] * d[i + l];
-    for (; i < H; i++) lanes[0] += p[i] * d[i];
-    float dot = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; i + 32 <= H; i += 32)
+      for (int l = 0; l < 32; l++) lanes[l] += p[i + l] * d[i + l];
+    for (; i < H; i++) lanes[i & 31] += p[i] * d[i];
+    for (int width = 16; width > 0; width /= 2)
+      for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+    float dot = lanes[0];
     store_f32(&dot, j->probs.type, (char*)j->probs_grad.data + (size_t)slot * elem_size(j->probs.type), 1);
   }
 #if defined(__AVX__)
