@@ -9,8 +9,9 @@
 #define MR 6
 #define KC 256 /* k per block: a B panel of KC x 2 vectors stays in L1 across the i tiles */
 
-/* One MR x (nv * GEIR_VEC) tile of C at column j; rows r >= mr repeat row mr - 1 and are not stored. */
-static inline __attribute__((always_inline)) void tile(int nv, int64_t k, const float* const a[MR], int64_t a_step,
+/* One rows x (nv * GEIR_VEC) tile of C at column j (rows 6, 4 or 2: a short last tile computes no more rows than
+ * it needs, to within one); rows r >= mr repeat row mr - 1 and are not stored. */
+static inline __attribute__((always_inline)) void tile(int rows, int nv, int64_t k, const float* const a[MR], int64_t a_step,
                                                         const float* const* b, int64_t j, float* const c[MR], int mr,
                                                         int accumulate) {
   vf acc[MR][2];
@@ -21,7 +22,7 @@ static inline __attribute__((always_inline)) void tile(int nv, int64_t k, const 
     vf b0 = vf_load(row), b1 = nv == 2 ? vf_load(row + GEIR_VEC) : (vf){0};
     int64_t o = p * a_step;
 #define GEIR_ROW(r, ar)                    \
-  {                                        \
+  if (rows > r) {                          \
     float s = ar[o];                       \
     acc[r][0] += s * b0;                   \
     if (nv == 2) acc[r][1] += s * b1;      \
@@ -56,10 +57,12 @@ void geir_gemm(int64_t m, int64_t n, int64_t k, const float* const* a_rows, int6
           a[r] = a_rows[row] + k0 * a_step;
           c[r] = c_rows[row];
         }
-        if (two)
-          tile(2, kc, a, a_step, b_rows + k0, j, c, mr, add);
+        if (mr > 4)
+          two ? tile(6, 2, kc, a, a_step, b_rows + k0, j, c, mr, add) : tile(6, 1, kc, a, a_step, b_rows + k0, j, c, mr, add);
+        else if (mr > 2)
+          two ? tile(4, 2, kc, a, a_step, b_rows + k0, j, c, mr, add) : tile(4, 1, kc, a, a_step, b_rows + k0, j, c, mr, add);
         else
-          tile(1, kc, a, a_step, b_rows + k0, j, c, mr, add);
+          two ? tile(2, 2, kc, a, a_step, b_rows + k0, j, c, mr, add) : tile(2, 1, kc, a, a_step, b_rows + k0, j, c, mr, add);
       }
     }
   }
