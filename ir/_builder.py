@@ -57,24 +57,36 @@ class GraphBuilder:
         """A builder holding a copy of ``graph``'s inputs, constants (their arrays copied), nodes (same names,
         attributes and value names) and outputs; ``build()`` verifies the copy. The original is not touched."""
         builder = cls(name or graph.name)
+        builder.copy_from(graph)
+        return builder
+
+    def copy_from(self, graph: Graph, rewrite: Any = None, outputs: bool = True) -> dict[int, Value | None]:
+        """Add a copy of ``graph`` (symbol groups, inputs, constants, nodes in topological order, and with
+        ``outputs`` its outputs) to this builder; return the map ``id(original value) -> copy``.
+
+        ``rewrite(node, inputs)``, when given, may re-emit a node itself (returning its outputs here) or
+        return None to have it copied as it is."""
         for group in graph.symbols.groups():
-            builder.declare_equal(*sorted(group))
+            self.declare_equal(*sorted(group))
         mapping: dict[int, Value | None] = {}
         for v in graph.inputs:
-            mapping[id(v)] = builder.input(v.name, v.type.dtype, v.type.shape)
+            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.shape)
         for v in graph.constant_values:
-            mapping[id(v)] = builder.constant(v.name, graph.constants[v.name])
+            mapping[id(v)] = self.constant(v.name, graph.constants[v.name])
         for node in graph.topological_order():
-            made = builder.add_node(node.schema, [None if v is None else mapping[id(v)] for v in node.inputs],
-                                    node.attributes, name=node.name,
-                                    output_names=[v.name if v is not None else "" for v in node.outputs],
-                                    location=node.location)
+            inputs = [None if v is None else mapping[id(v)] for v in node.inputs]
+            made = rewrite(node, inputs) if rewrite is not None else None
+            if made is None:
+                made = self.add_node(node.schema, inputs, node.attributes, name=node.name,
+                                     output_names=[v.name if v is not None else "" for v in node.outputs],
+                                     location=node.location)
             for old, new in zip(node.outputs, made if isinstance(made, tuple) else (made,)):
                 if old is not None:
                     mapping[id(old)] = new
-        for v in graph.outputs:
-            builder.output(mapping[id(v)])
-        return builder
+        if outputs:
+            for v in graph.outputs:
+                self.output(mapping[id(v)])
+        return mapping
 
     # -- graph interface -----------------------------------------------------------------
     def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str]) -> Value:

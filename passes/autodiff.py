@@ -9,10 +9,10 @@ contributions to one value are summed with Add.
 
 Rules live with their op families (``schemas/<family>/vjp.py``, ``schemas/standard_vjp.py``) and
 register with ``schemas.vjp.register_vjp``. The derivative graph is emitted through a GraphBuilder the
-caller hands in (``geir.grad`` does), so every node is checked as it is added. A rule receives the ``VjpContext`` (which emits nodes into the
-new graph), the forward node and the cotangent of each output (None where none flows), and returns
-one cotangent (or None) per input, each of that input's type. An op without a rule is a GraphError
-naming it.
+caller hands in (``geir.grad`` does), so every node is checked as it is added. A rule receives the
+``VjpContext`` (which emits nodes into the new graph), the forward node and the cotangent of each output
+(None where none flows), and returns one cotangent (or None) per input, each of that input's type. An op
+without a rule is a GraphError naming it.
 """
 
 from __future__ import annotations
@@ -153,17 +153,6 @@ def _dependents(graph: Graph, order: list[Node], sources: list[Value]) -> set[in
     return found
 
 
-def _copy_node(ctx: VjpContext, node: Node) -> tuple[Value | None, ...]:
-    inputs = [ctx.new(v) for v in node.inputs]
-    rewrite = vjp_rewrite(node.op_type, node.domain)
-    if rewrite is not None:
-        return rewrite(ctx, node, inputs)
-    result = ctx.b.add_node(node.schema, inputs, node.attributes, name=node.name,
-                            output_names=[v.name if v is not None else "" for v in node.outputs],
-                            location=node.location)
-    return result if isinstance(result, tuple) else (result,)
-
-
 def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str | None = None,
                   outputs: Sequence[str] | str | None = None) -> Graph:
     """The reverse-mode derivative of ``graph``, built with ``builder`` (a fresh, empty GraphBuilder): forward
@@ -188,18 +177,13 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
         raise GraphError(f"geir.grad: graph '{graph.name}' has no floating output to differentiate")
     order = graph.topological_order()
     b = builder
-    for group in graph.symbols.groups():
-        b.declare_equal(*sorted(group))
     ctx = VjpContext(b, graph)
-    for v in graph.inputs:
-        ctx.mapping[id(v)] = b.input(v.name, v.type.dtype, v.type.shape)
-    for v in graph.constant_values:
-        ctx.mapping[id(v)] = b.constant(v.name, graph.constants[v.name])
+
+    def rewrite(node: Node, inputs: list[Value | None]) -> tuple[Value | None, ...] | None:
+        hook = vjp_rewrite(node.op_type, node.domain)   # attention returns its statistics in the copy
+        return None if hook is None else hook(ctx, node, inputs)
+    ctx.mapping.update(b.copy_from(graph, rewrite, outputs=False))
     cotangents = {id(v): b.input(f"grad_{v.name}", v.type.dtype, v.type.shape) for v in targets}
-    for node in order:
-        for old, new in zip(node.outputs, _copy_node(ctx, node)):
-            if old is not None:
-                ctx.mapping[id(old)] = new
     depends = ctx.depends = _dependents(graph, order, sources)
     for node in reversed(order):
         out_grads = [cotangents.get(id(v)) if v is not None else None for v in node.outputs]
