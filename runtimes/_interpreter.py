@@ -87,7 +87,8 @@ class InterpretedExecutable(ABC):
             elif node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
                 kwargs["out"] = reused = args[0]
             try:
-                results = kernel(*args, **kwargs)
+                with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as ONNX Runtime gives them silently
+                    results = kernel(*args, **kwargs)
             except ExecutionError:
                 raise
             except Exception as exc:

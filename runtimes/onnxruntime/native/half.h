@@ -10,11 +10,11 @@ static inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN -> sign | 0x7fc0 */
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN -> sign | 0x7fc0, as ml_dtypes */
   uint32_t u;
   memcpy(&u, &f, 4);
   uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  uint32_t nan = (u >> 16) | 0x7fc0u;
+  uint32_t nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
   return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 

@@ -87,6 +87,35 @@ def test_moe_native_parity(tt, tp):
     assert_within_ulps_of_scale(theirs["pg"], ours["pg"].astype(np.float64), DTYPES[tp], ulps=2)
 
 
+def _awkward_values(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Normals with NaNs of both signs and several payloads (quiet and signalling), infinities, signed zeros,
+    subnormals and values near the dtype's maximum (which overflow when weighted by |w| > 1)."""
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    bits = x.view(np.uint16 if x.itemsize == 2 else np.uint32).reshape(-1)
+    info = ml_dtypes.finfo(dtype)
+    specials = np.array([np.inf, -np.inf, 0.0, -0.0, info.max, -info.max, info.smallest_subnormal], dtype)
+    picks = rng.choice(bits.size, 4 * len(specials) + 8, replace=False)
+    x.reshape(-1)[picks[:4 * len(specials)]] = np.repeat(specials, 4)
+    payloads = {2: [0x7fc1, 0xffc0, 0x7f81, 0xff90], 4: [0x7fc00001, 0xffc00000, 0x7f800001, 0xff900000]}[x.itemsize]
+    if x.dtype == np.float16:
+        payloads = [0x7e01, 0xfe00, 0x7c01, 0xfc90]
+    bits[picks[-8:]] = np.repeat(np.array(payloads, bits.dtype), 2)
+    return x
+
+
+@pytest.mark.parametrize("op", [ROPE, ROPE_GRAD])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_rotary_native_is_bit_identical_with_awkward_values(op, dtype):
+    """NaN payloads, infinities, overflow, signed zeros and subnormals in x, cos and sin: the same bits as the
+    NumPy kernel (a bfloat16 NaN rounds to sign | 0x7fc0 on both)."""
+    rng = np.random.default_rng(3)
+    g = rotary_graph(op, (2, 5, 3, 64), (1, 5, 1, 48), dtype, rotary_mode=1, partial_slice=[8, 56])
+    feeds = {v.name: _awkward_values(rng, v.shape, DTYPES[dtype]) for v in g.inputs}
+    before = _calls()
+    theirs = geir.run(g, feeds, runtime="onnxruntime")["y"]
+    assert _calls() > before and bits_equal(theirs, geir.run(g, feeds)["y"])
+
+
 @pytest.mark.parametrize("tt", list(DTYPES))
 def test_moe_native_without_probs(tt):
     rng = np.random.default_rng(1)
