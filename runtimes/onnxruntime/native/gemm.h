@@ -15,8 +15,10 @@
 
 #if defined(__AVX512F__)
 #define GEIR_VEC 16
-#else
+#elif defined(__AVX__)
 #define GEIR_VEC 8
+#else
+#define GEIR_VEC 4 /* SSE, NEON: 16-byte vectors */
 #endif
 
 /* n rounded up to a whole number of vectors: the padded row width of every gemm operand. */

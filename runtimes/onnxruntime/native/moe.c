@@ -25,6 +25,85 @@ typedef struct {
   int failed;           /* a task could not allocate its row buffer: the kernel returns an error */
 } MoeJob;
 
+#if defined(__AVX2__)
+/* 16 float16 / bfloat16 values as two float32 vectors. bfloat16 comes out in the unpack order (values 0-3 and
+ * 8-11 in lo, 4-7 and 12-15 in hi), which pack_16 undoes; the dot below adds lanes in a fixed order either way. */
+static inline void unpack_16(const uint16_t* src, int type, __m256* lo, __m256* hi) {
+  __m256i x = _mm256_loadu_si256((const __m256i*)src);
+  if (type == T_BFLOAT16) {
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+  } else {
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(x));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(x, 1));
+  }
+}
+
+/* bfloat16 bits of a float32 vector's lanes, rounded to nearest even (NaN: sign | 0x7fc0, as
+ * f32_to_bf16), in the low half of each 32-bit lane. */
+static inline __m256i bf16_round(__m256 v) {
+  __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
+  __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i quiet = _mm256_or_si256(_mm256_and_si256(top, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet),
+                                              _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+/* The inverse of unpack_16: two float32 vectors rounded to 16 values in memory order. */
+static inline __m256i pack_16(__m256 lo, __m256 hi, int type) {
+  if (type == T_BFLOAT16) return _mm256_packus_epi32(bf16_round(lo), bf16_round(hi));
+  return _mm256_set_m128i(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* Stores 32 bytes; streamed past the cache (two 16-byte non-temporal stores) when the row allows it. */
+static inline void store_32_bytes(void* p, __m256i v, int stream) {
+  if (stream) {
+    _mm_stream_si128((__m128i*)p, _mm256_castsi256_si128(v));
+    _mm_stream_si128((__m128i*)p + 1, _mm256_extracti128_si256(v, 1));
+  } else {
+    _mm256_storeu_si256((__m256i*)p, v);
+  }
+}
+
+/* acc (=, or += when add) src * w over a float16 / bfloat16 row; acc holds each block of 16 in unpack_16's
+ * order (the tail in memory order), which store_half_acc undoes. */
+static void half_weighted_add(float* acc, const uint16_t* src, int type, float w, int add, int64_t n) {
+  __m256 vw = _mm256_set1_ps(w);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 lo, hi;
+    unpack_16(src + i, type, &lo, &hi);
+    lo = _mm256_mul_ps(lo, vw);
+    hi = _mm256_mul_ps(hi, vw);
+    if (add) {
+      lo = _mm256_add_ps(_mm256_loadu_ps(acc + i), lo);
+      hi = _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), hi);
+    }
+    _mm256_storeu_ps(acc + i, lo);
+    _mm256_storeu_ps(acc + i + 8, hi);
+  }
+  for (; i < n; i++) {
+    float x;
+    load_f32(src + i, type, &x, 1);
+    acc[i] = add ? acc[i] + x * w : x * w;
+  }
+}
+
+/* out = round(acc + 0) for an accumulator in half_weighted_add's order. */
+static void store_half_acc(const float* acc, int type, uint16_t* out, int64_t n) {
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i*)(out + i), pack_16(_mm256_add_ps(_mm256_loadu_ps(acc + i), zero),
+                                                    _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), zero), type));
+  for (; i < n; i++) {
+    float x = acc[i] + 0.0f;
+    store_f32(&x, type, out + i, 1);
+  }
+}
+#endif
+
 static void moe_forward_task(void* user, size_t task) {
   MoeJob* j = (MoeJob*)user;
   int64_t H = j->hidden, K = j->topk;
@@ -40,58 +119,136 @@ static void moe_forward_task(void* user, size_t task) {
   if (last > j->tokens_n) last = j->tokens_n;
   size_t row_bytes = (size_t)H * ts;
   for (int64_t t = first; t < last; t++) {
-    if (t + 1 < last) /* the next token's rows are scattered over permuted_tokens: fetch them while this one sums */
-      for (int64_t k = 0; k < K; k++) {
-        int64_t r = s[(t + 1) * K + k];
-        if (r < j->rows)
-          for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char*)j->tokens.data + (size_t)r * row_bytes + b, 0, 3);
-      }
     for (int64_t k = 0; k < K; k++) {
       int64_t r = s[t * K + k];
+      if (t + 1 < last) { /* the next token's rows are scattered over permuted_tokens: fetch one per row summed */
+        int64_t ahead = s[(t + 1) * K + k];
+        if (ahead < j->rows)
+          for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char*)j->tokens.data + (size_t)ahead * row_bytes + b, 0, 3);
+      }
       float w = 1.0f;
       int keep = r < j->rows;
       if (j->has_probs) {
         load_f32((const char*)j->probs.data + (size_t)(t * K + k) * ps, j->probs.type, &w, 1);
         keep = keep && w != 0.0f;
       }
-      const float* src = row;
-      if (keep && j->tokens.type == T_FLOAT) { /* float32: weight the row where it lies, no copy */
-        src = (const float*)((const char*)j->tokens.data + (size_t)r * row_bytes);
-      } else if (keep) {
-        load_f32((const char*)j->tokens.data + (size_t)r * row_bytes, j->tokens.type, row, (size_t)H);
-      } else {
-        for (int64_t i = 0; i < H; i++) row[i] = 0.0f;
+      /* acc = r0 * w0 (+ r1 * w1) ...: each product rounded, then added in k order, as the NumPy kernel (w = 1
+       * without probs multiplies exactly; a dropped or zero-weight slot adds 0 * w, which keeps the sign of the
+       * NumPy kernel's zeros and is the same in every lane order) */
+      const char* token_row = (const char*)j->tokens.data + (size_t)r * row_bytes;
+      if (!keep) {
+        float zero = 0.0f * w;
+        for (int64_t i = 0; i < H; i++) acc[i] = k == 0 ? zero : acc[i] + zero;
+        continue;
       }
-      /* acc = r0 * w0 (+ r1 * w1) ...: each product rounded, then added in k order, as the NumPy kernel
-       * (a dropped or zero-weight slot adds 0 * w, which keeps the sign of the NumPy kernel's zeros) */
-      if (k == 0 && j->has_probs)
+#if defined(__AVX2__)
+      if (j->tokens.type != T_FLOAT) {
+        half_weighted_add(acc, (const uint16_t*)token_row, j->tokens.type, w, k > 0, H);
+        continue;
+      }
+#endif
+      const float* src = (const float*)token_row; /* float32: weight the row where it lies, no copy */
+      if (j->tokens.type != T_FLOAT) {
+        load_f32(token_row, j->tokens.type, row, (size_t)H);
+        src = row;
+      }
+      if (k == 0)
         for (int64_t i = 0; i < H; i++) acc[i] = src[i] * w;
-      else if (k == 0)
-        memcpy(acc, src, (size_t)H * sizeof(float));
-      else if (j->has_probs)
-        for (int64_t i = 0; i < H; i++) acc[i] += src[i] * w;
       else
-        for (int64_t i = 0; i < H; i++) acc[i] += src[i];
+        for (int64_t i = 0; i < H; i++) acc[i] += src[i] * w;
     }
+    char* out_row = (char*)j->out.data + (size_t)t * row_bytes;
+#if defined(__AVX2__)
+    if (j->tokens.type != T_FLOAT) {
+      store_half_acc(acc, j->tokens.type, (uint16_t*)out_row, H);
+      continue;
+    }
+#endif
     for (int64_t i = 0; i < H; i++) acc[i] += 0.0f; /* as the NumPy kernel: a lone -0 becomes +0 */
-    store_f32(acc, j->tokens.type, (char*)j->out.data + (size_t)t * H * ts, (size_t)H);
+    store_f32(acc, j->tokens.type, out_row, (size_t)H);
   }
   free(acc);
 }
 
 #define PREFETCH_ROWS 4
 
-/* o = d * w with non-temporal stores where the CPU has them: the output is written once and not read
- * back here, so it skips the cache (no read-for-ownership of every line). */
-static void scale_row_streaming(float* o, const float* d, float w, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX__)
-  for (; i < n && ((uintptr_t)(o + i) & 31u); i++) o[i] = d[i] * w;
+#if defined(__AVX2__)
+/* One float16 / bfloat16 grad row in one pass: out = round(dy * w), and the float32 dot of dy with the token
+ * row p (four vector sums over blocks of 32, a fixed tree, then the tail in order). The lanes do not depend on
+ * where the output lies, so an aligned and an unaligned caller buffer give the same dot; aligned rows are
+ * streamed past the cache. */
+static float half_grad_row(const uint16_t* dy, const uint16_t* p, uint16_t* out, int type, float w, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256 vw = _mm256_set1_ps(w);
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(d + i), vw));
-#endif
-  for (; i < n; i++) o[i] = d[i] * w;
+  int stream = ((uintptr_t)out & 15u) == 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 d0, d1, p0, p1;
+    unpack_16(dy + i, type, &d0, &d1);
+    __m256 o0 = _mm256_mul_ps(d0, vw), o1 = _mm256_mul_ps(d1, vw);
+    store_32_bytes(out + i, pack_16(o0, o1, type), stream);
+    unpack_16(p + i, type, &p0, &p1);
+    int a = (int)((i >> 4) & 1) * 2;
+    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(p0, d0));
+    acc[a + 1] = _mm256_add_ps(acc[a + 1], _mm256_mul_ps(p1, d1));
+  }
+  __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  float dot = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+  for (; i < n; i++) {
+    float d, t, o;
+    load_f32(dy + i, type, &d, 1);
+    load_f32(p + i, type, &t, 1);
+    o = d * w;
+    store_f32(&o, type, out + i, 1);
+    dot += t * d;
+  }
+  return dot;
 }
+
+/* The float32 grad row in one pass: out = dy * w (streamed when the row allows it) and the dot of dy with p,
+ * whose lane l sums the elements i with i mod 32 = l (four vector sums), then a fixed pairwise tree. */
+static float f32_grad_row(const float* dy, const float* p, float* out, float w, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 vw = _mm256_set1_ps(w);
+  int stream = ((uintptr_t)out & 15u) == 0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int q = 0; q < 4; q++) {
+      __m256 d = _mm256_loadu_ps(dy + i + 8 * q);
+      store_32_bytes(out + i + 8 * q, _mm256_castps_si256(_mm256_mul_ps(d, vw)), stream);
+      acc[q] = _mm256_add_ps(acc[q], _mm256_mul_ps(_mm256_loadu_ps(p + i + 8 * q), d));
+    }
+  float lanes[32];
+  for (int q = 0; q < 4; q++) _mm256_storeu_ps(lanes + 8 * q, acc[q]);
+  for (; i < n; i++) {
+    out[i] = dy[i] * w;
+    lanes[i & 31] += p[i] * dy[i];
+  }
+  for (int width = 16; width > 0; width /= 2)
+    for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
+#else
+/* The same row without vector instructions: the conversions through float32 rows in scratch (2 * n floats). */
+static float portable_grad_row(const char* dy_row, const char* token_row, char* out, int type, float w, int64_t n,
+                               float* scratch) {
+  float *d = scratch, *p = scratch + n;
+  load_f32(dy_row, type, d, (size_t)n);
+  for (int64_t i = 0; i < n; i++) p[i] = d[i] * w;
+  store_f32(p, type, out, (size_t)n);
+  load_f32(token_row, type, p, (size_t)n);
+  float lanes[32] = {0.0f};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 32; l++) lanes[l] += p[i + l] * d[i + l];
+  for (; i < n; i++) lanes[i & 31] += p[i] * d[i];
+  for (int width = 16; width > 0; width /= 2)
+    for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
+#endif
 
 /* The grad walks the OUTPUT rows in order (slot_of_row inverts sorted_indices): permuted_tokens is
  * read and permuted_tokens_grad written sequentially, and with expert-sorted rows the dY reads
@@ -106,7 +263,6 @@ static void moe_grad_task(void* user, size_t task) {
     __atomic_store_n(&j->failed, 1, __ATOMIC_SEQ_CST);
     return;
   }
-  float *dy = buf, *row = buf + H;
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
   if (last > M) last = M;
   size_t row_bytes = (size_t)H * gs;
@@ -124,34 +280,18 @@ static void moe_grad_task(void* user, size_t task) {
     }
     float w;
     load_f32((const char*)j->probs.data + (size_t)slot * elem_size(j->probs.type), j->probs.type, &w, 1);
-    const float* d;
-    const float* p;
-    if (j->grad.type == T_FLOAT) { /* float32: read and write the tensors directly, one pass each */
-      d = (const float*)grad_row;
-      p = (const float*)((const char*)j->tokens.data + (size_t)r * H * gs);
-      scale_row_streaming((float*)out_row, d, w, H);
-    } else {
-      load_f32(grad_row, j->grad.type, dy, (size_t)H);
-      for (int64_t i = 0; i < H; i++) row[i] = dy[i] * w;
-      store_f32(row, j->grad.type, out_row, (size_t)H);
-      load_f32((const char*)j->tokens.data + (size_t)r * H * gs, j->tokens.type, row, (size_t)H);
-      d = dy;
-      p = row;
-    }
-    /* float32 dot over H, the order is the contract's to choose: 32 lanes (four independent vector sums, so
-     * the adds do not wait on each other), then a fixed pairwise tree */
-    float lanes[32];
-    for (int l = 0; l < 32; l++) lanes[l] = 0.0f;
-    int64_t i = 0;
-    for (; i + 32 <= H; i += 32)
-      for (int l = 0; l < 32; l++) lanes[l] += p[i + l] * d[i + l];
-    for (; i < H; i++) lanes[i & 31] += p[i] * d[i];
-    for (int width = 16; width > 0; width /= 2)
-      for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
-    float dot = lanes[0];
+    const char* token_row = (const char*)j->tokens.data + (size_t)r * row_bytes;
+#if defined(__AVX2__)
+    float dot = j->grad.type == T_FLOAT
+                    ? f32_grad_row((const float*)grad_row, (const float*)token_row, (float*)out_row, w, H)
+                    : half_grad_row((const uint16_t*)grad_row, (const uint16_t*)token_row, (uint16_t*)out_row,
+                                    j->grad.type, w, H);
+#else
+    float dot = portable_grad_row(grad_row, token_row, out_row, j->grad.type, w, H, buf);
+#endif
     store_f32(&dot, j->probs.type, (char*)j->probs_grad.data + (size_t)slot * elem_size(j->probs.type), 1);
   }
-#if defined(__AVX__)
+#if defined(__AVX2__)
   _mm_sfence(); /* streamed stores are visible before the task ends */
 #endif
   free(buf);

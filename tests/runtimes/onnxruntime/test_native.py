@@ -13,7 +13,8 @@ import geir
 from geir.runtimes.onnxruntime import native_library, native_status
 from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, empty_grad_slices_expected, moe_grad_graph, moe_graph, random_feeds, rotary_graph
 from native_helpers import requires_compiler, run_isolated
-from oracles.numerics import assert_within_ulps_of_scale, bits_equal
+from oracles.moe import unpermute_grad_reference
+from oracles.numerics import assert_matches_reference, assert_within_ulps_of_scale, bits_equal
 
 pytestmark = requires_compiler
 
@@ -114,6 +115,60 @@ def test_rotary_native_is_bit_identical_with_awkward_values(op, dtype):
     before = _calls()
     theirs = geir.run(g, feeds, runtime="onnxruntime")["y"]
     assert _calls() > before and bits_equal(theirs, geir.run(g, feeds)["y"])
+
+
+@pytest.mark.parametrize("hidden", [16, 32, 48, 61, 1000])
+@pytest.mark.parametrize("tt, tp", [("float32", "float32"), ("float16", "float32"), ("bfloat16", "bfloat16"),
+                                    ("bfloat16", "float32"), ("float16", "float16")])
+def test_moe_native_vector_rows_match_the_numpy_kernel(tt, tp, hidden):
+    """Rows of whole vectors, and tails, through the vector paths: the forward and permuted_tokens_grad are
+    bit-identical to the NumPy kernel with awkward values (NaN payloads, infinities, overflowing products, signed
+    zeros, subnormals); probs_grad agrees within float32 rounding where both are finite."""
+    rng = np.random.default_rng(hidden)
+    tokens_n, topk, rows = 6, 3, 20            # slots 18 and 19 unused by the forward: dropped rows 18, 19
+    s = rng.permutation(tokens_n * topk).astype(np.int32)
+    probs = rng.uniform(-2, 2, (tokens_n, topk)).astype(DTYPES[tp])
+    probs[1, 2] = 0
+    feeds = {"tokens": _awkward_values(rng, (rows, hidden), DTYPES[tt]), "indices": s, "probs": probs}
+    g = moe_graph(rows, hidden, tokens_n * topk, (tokens_n, topk), tt, tp)
+    before = _calls()
+    theirs = geir.run(g, feeds, runtime="onnxruntime")["y"]
+    assert _calls() > before and bits_equal(theirs, geir.run(g, feeds)["y"])
+    g = moe_grad_graph((tokens_n * topk, hidden), (tokens_n, hidden), tokens_n * topk, (tokens_n, topk), tt, tp)
+    grad_feeds = {"tokens": feeds["tokens"][:tokens_n * topk], "dy": _awkward_values(rng, (tokens_n, hidden), DTYPES[tt]),
+                  "indices": s, "probs": probs}
+    ours, theirs = geir.run(g, grad_feeds), geir.run(g, grad_feeds, runtime="onnxruntime")
+    assert bits_equal(theirs["ptg"], ours["ptg"])
+    finite = {**grad_feeds, "tokens": rng.standard_normal((tokens_n * topk, hidden)).astype(DTYPES[tt]),
+              "dy": rng.standard_normal((tokens_n, hidden)).astype(DTYPES[tt])}
+    ours, theirs = geir.run(g, finite), geir.run(g, finite, runtime="onnxruntime")
+    assert bits_equal(theirs["ptg"], ours["ptg"])
+    *_, pg64, magnitude = unpermute_grad_reference(finite["tokens"], finite["dy"], s, probs)
+    bound = (hidden / 32 + 7) * 2.0 ** -24     # float32 sums of hidden / 32 terms per lane, then a tree of 5 levels
+    for got in (ours["pg"], theirs["pg"]):
+        assert_matches_reference(got, pg64, magnitude, "probs_grad", compute_rel=bound, f32_rel=bound)
+
+
+@pytest.mark.parametrize("tt", list(DTYPES))
+def test_moe_native_grad_does_not_depend_on_where_the_outputs_lie(tt):
+    """Caller buffers at every offset (streamed stores need 16-byte alignment, so some rows are streamed and some
+    not): the same bits as runtime-allocated outputs, probs_grad included."""
+    rng = np.random.default_rng(7)
+    tokens_n, topk, hidden = 5, 2, 72
+    g = moe_grad_graph((tokens_n * topk, hidden), (tokens_n, hidden), tokens_n * topk, (tokens_n, topk), tt)
+    feeds = {"tokens": rng.standard_normal((tokens_n * topk, hidden)).astype(DTYPES[tt]),
+             "dy": rng.standard_normal((tokens_n, hidden)).astype(DTYPES[tt]),
+             "indices": rng.permutation(tokens_n * topk).astype(np.int32),
+             "probs": rng.uniform(-1, 1, (tokens_n, topk)).astype(DTYPES[tt])}
+    executable = geir.runtimes.get_runtime("onnxruntime").compile(g)
+    want = executable.run(feeds)
+    size = np.dtype(DTYPES[tt]).itemsize
+    for offset in range(0, 32, size):
+        raw = np.empty(tokens_n * topk * hidden * size + 64, np.uint8)
+        start = -raw.ctypes.data % 32 + offset
+        ptg = raw[start:start + tokens_n * topk * hidden * size].view(DTYPES[tt]).reshape(tokens_n * topk, hidden)
+        got = executable.run(feeds, outputs={"ptg": ptg, "pg": np.empty((tokens_n, topk), DTYPES[tt])})
+        assert bits_equal(got["ptg"], want["ptg"]) and bits_equal(got["pg"], want["pg"]), offset
 
 
 @pytest.mark.parametrize("tt", list(DTYPES))
