@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping
 
@@ -116,23 +117,20 @@ class OnnxRuntimeExecutable:
             if value.producer is None:        # a graph input or constant passed through: ORT never writes it
                 continue
             bound.append(value.name)
-            shape = concrete_shape(self.graph, value, bindings)
-            if shape is None:
-                binding.bind_output(value.name)
-                continue
             buffer = buffers.get(value.name)       # the caller's buffer, written by ONNX Runtime directly
-            if buffer is None:
-                buffer = np.empty(shape, value.type.dtype.numpy)
+            if buffer is None or concrete_shape(self.graph, value, bindings) is None:
+                binding.bind_output(value.name)    # ONNX Runtime allocates it, from its arena (no fresh pages to
+                continue                           # fault in on every run); a data-dependent one is copied after
             keep_alive += _bind_array(binding, value.name, buffer, output=True)
             results[value.name] = buffer
         try:
             self.session.run_with_iobinding(binding)
         except Exception as exc:
             raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
-        if any(name not in results for name in bound):     # outputs ONNX Runtime allocated (data-dependent shapes)
+        if any(name not in results for name in bound):     # outputs ONNX Runtime allocated
             for name, value in zip(bound, binding.get_outputs()):
                 if name not in results:
-                    results[name] = value.numpy()
+                    results[name] = _as_array(value)
         for value in self.graph.outputs:
             if value.producer is None:
                 source = arrays.get(value.name)
@@ -181,6 +179,27 @@ def _bind_array(binding: ort.IOBinding, name: str, array: np.ndarray, output: bo
     bind = binding.bind_output if output else binding.bind_input
     bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
     return [array]
+
+
+class _OrtMemory:
+    """An OrtValue's memory as NumPy sees it, for bfloat16 (which ONNX Runtime's binding has no NumPy type for):
+    the array made from it keeps this object, and so the OrtValue and its memory, alive."""
+
+    __slots__ = ("value", "__array_interface__")
+
+    def __init__(self, value: ort.OrtValue, shape: tuple[int, ...]) -> None:
+        self.value = value
+        self.__array_interface__ = {"version": 3, "shape": shape, "typestr": "<u2", "data": (value.data_ptr(), False)}
+
+
+def _as_array(value: ort.OrtValue) -> np.ndarray:
+    """An output ONNX Runtime allocated, as a NumPy array over its memory (no copy, as ``OrtValue.numpy``)."""
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    shape = tuple(value.shape())
+    if math.prod(shape) == 0:
+        return np.empty(shape, ml_dtypes.bfloat16)
+    return np.asarray(_OrtMemory(value, shape)).view(ml_dtypes.bfloat16)
 
 
 def _stand_in(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

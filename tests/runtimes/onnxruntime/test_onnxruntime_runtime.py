@@ -87,3 +87,37 @@ def test_symbolic_and_data_dependent_output_shapes():
     ours, theirs = geir.run(g, {"x": x_val}), geir.run(g, {"x": x_val}, runtime="onnxruntime")
     assert np.array_equal(theirs["relu"], ours["relu"]) and np.array_equal(theirs["nz"], ours["nz"])
     assert theirs["nz"].shape == (2, 6)  # six non-zero elements: a size no declared dim gives
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_outputs_it_allocates_are_independent_writable_arrays(dtype):
+    """Outputs ONNX Runtime allocates (from its arena, bfloat16 included): the dtype and shape declared, writable,
+    and a result stays as it was while later runs of the same executable reuse the arena."""
+    g = rotary_graph(ROPE, (2, 3, 4, 24), (1, 3, 1, 24), dtype, rotary_mode=1)
+    executable = get_runtime("onnxruntime").compile(g)
+    first_feeds, second_feeds = random_feeds(g, seed=1), random_feeds(g, seed=2)
+    first = executable.run(first_feeds)["y"]
+    kept = first.copy()
+    for _ in range(3):
+        second = executable.run(second_feeds)["y"]
+    assert first.dtype == DTYPES[dtype] and first.shape == (2, 3, 4, 24) and first.flags.writeable
+    assert bits_equal(first, kept) and bits_equal(second, geir.run(g, second_feeds)["y"])
+    first[...] = 0                               # the caller's to write: no other result changes
+    assert bits_equal(second, geir.run(g, second_feeds)["y"])
+    assert bits_equal(executable.run(first_feeds)["y"], kept)
+    empty = rotary_graph(ROPE, (0, 3, 4, 24), (1, 3, 1, 24), dtype, rotary_mode=1)
+    result = geir.run(empty, random_feeds(empty), runtime="onnxruntime")["y"]
+    assert result.dtype == DTYPES[dtype] and result.shape == (0, 3, 4, 24)
+
+
+def test_data_dependent_bfloat16_output():
+    """A bfloat16 output whose size only the data gives (OrtValue.numpy() has no bfloat16: this was a RuntimeError)."""
+    b = geir.GraphBuilder("data_dependent")
+    x = b.input("x", "bfloat16", (6,))
+    mask = b.input("mask", "float32", (6,))
+    rows = b.op("Squeeze", b.op("NonZero", mask), b.constant("axes", np.array([0], np.int64)))
+    b.output(b.op("Gather", x, rows), "y")
+    g = b.build()
+    feeds = {"x": np.arange(6).astype(ml_dtypes.bfloat16), "mask": np.array([0, 1, 0, 2, 3, 0], np.float32)}
+    theirs = geir.run(g, feeds, runtime="onnxruntime")["y"]
+    assert bits_equal(theirs, geir.run(g, feeds)["y"]) and theirs.tolist() == [1, 3, 4]
