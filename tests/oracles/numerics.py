@@ -26,6 +26,16 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
         np.array_equal(a.view(_UINT[a.dtype.itemsize]), b.view(_UINT[b.dtype.itemsize])))
 
 
+def bits_equal_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:
+    """``bits_equal``, except that a NaN matches any NaN: IEEE 754 leaves open which payload and sign an operation
+    on two NaNs returns (x86 returns its first operand's, and a compiler may commute a product), so only NaN-ness
+    is the contract there; every other element must match bit for bit."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan_a, nan_b = np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32))
+    return bool(np.array_equal(nan_a, nan_b)) and bits_equal(a[~nan_a], b[~nan_b])
+
+
 F32_COMPUTE_EPS = 2.0 ** -22
 """Bound on the float32 compute error relative to the magnitude of the terms (two products, one sum)."""
 

@@ -63,6 +63,53 @@ static void rotary_row(int64_t mode, int64_t L, const float* c, const float* m, 
   }
 }
 
+#if defined(__AVX2__)
+static inline __m256 widen_8(const uint16_t* p, int type) {
+  __m128i h = _mm_loadu_si128((const __m128i*)p);
+  if (type == T_BFLOAT16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+/* 8 float32 lanes rounded to nearest even, in memory order (a bfloat16 NaN becomes sign | 0x7fc0, as
+ * f32_to_bf16). */
+static inline void narrow_8(uint16_t* p, __m256 v, int type) {
+  __m128i h;
+  if (type == T_BFLOAT16) {
+    __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(top, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff))), 16);
+    __m256i quiet = _mm256_or_si256(_mm256_and_si256(top, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  } else {
+    h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  }
+  _mm_storeu_si128((__m128i*)p, h);
+}
+
+/* Whether half_rotary_row handles this slice: modes 0-2 whose pair offset is whole vectors (mode 1 pairs
+ * neighbours inside a vector). */
+static int half_rotary_fits(int64_t mode, int64_t L) {
+  return L % 8 == 0 && (mode == 1 || (mode == 0 && (L / 2) % 8 == 0) || (mode == 2 && (L / 4) % 8 == 0));
+}
+
+/* rotary_row on a float16 / bfloat16 slice, converted in registers: y = c * g + m * g[partner], each product
+ * and the sum rounded as rotary_row rounds them. g and y must not overlap. */
+static void half_rotary_row(int64_t mode, int64_t L, const float* c, const float* m, const uint16_t* g, uint16_t* y,
+                            int type) {
+  int64_t seg = mode == 2 ? L / 4 : L / 2;
+  for (int64_t i = 0; i < L; i += 8) {
+    __m256 x = widen_8(g + i, type), partner;
+    if (mode == 1)
+      partner = _mm256_permute_ps(x, 0xb1); /* swap neighbours: (0 1) (2 3) ... */
+    else
+      partner = widen_8(g + ((i / seg) % 2 ? i - seg : i + seg), type);
+    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(c + i), x), b = _mm256_mul_ps(_mm256_loadu_ps(m + i), partner);
+    narrow_8(y + i, _mm256_add_ps(a, b), type);
+  }
+}
+#endif
+
 static void rotary_task(void* user, size_t task) {
   RotaryJob* j = (RotaryJob*)user;
   const RotaryKernel* k = j->k;
@@ -92,6 +139,13 @@ static void rotary_task(void* user, size_t task) {
       rotary_row(k->mode, L, c, m, (const float*)(src + (size_t)s * xs), (float*)(dst + (size_t)s * xs));
       continue;
     }
+#if defined(__AVX2__)
+    if (j->x.type != T_FLOAT && dst != src && half_rotary_fits(k->mode, L)) {
+      half_rotary_row(k->mode, L, c, m, (const uint16_t*)(src + (size_t)s * xs), (uint16_t*)(dst + (size_t)s * xs),
+                      j->x.type);
+      continue;
+    }
+#endif
     load_f32(src + (size_t)s * xs, j->x.type, g, (size_t)L);
     if (k->mode == 3 && !k->grad) { /* forward mode 3 reads the interleaved layout */
       for (int64_t i = 0; i < h; i++) {
