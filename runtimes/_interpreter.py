@@ -9,13 +9,14 @@ and the wrapping of kernel failures with the node that failed.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..ir._core import Graph, Node
+from ..ir._core import Graph, Node, Value
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._types import TensorType
 from ..passes import live_nodes
@@ -56,6 +57,8 @@ class InterpretedExecutable(ABC):
                 raise GraphError(f"runtime '{self.runtime_name}' has no kernel for {node.domain}::{node.op_type} "
                                  f"(node '{node.name}')", node=node.name, location=node.location)
             self.kernels[node] = resolved
+        self.writes_into = {node for node in self.order if _takes_outputs(self.kernels[node][0])}
+        """Nodes whose kernels write the caller's output buffers themselves (``outputs=``): no copy after."""
         self.outputs = {id(v) for v in graph.outputs}
         self.last_use: dict[int, int] = {}
         for step, node in enumerate(self.order):
@@ -86,6 +89,10 @@ class InterpretedExecutable(ABC):
                 kwargs["out"] = buffers[first.name]          # the caller's buffer: written directly
             elif node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
                 kwargs["out"] = reused = args[0]
+            if node in self.writes_into:
+                into = tuple(_buffer_for(value, want, buffers) for value, want in zip(node.outputs, expected))
+                if any(b is not None for b in into):
+                    kwargs["outputs"] = into
             try:
                 with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as ONNX Runtime gives them silently
                     results = kernel(*args, **kwargs)
@@ -131,6 +138,19 @@ class InterpretedExecutable(ABC):
         if node not in self.symbolic:
             return [v.type if v is not None else None for v in node.outputs]
         return output_types_on(self.graph, node, [None if a is None else a.shape for a in args])
+
+
+def _takes_outputs(kernel: NodeKernel) -> bool:
+    try:
+        return "outputs" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):   # a callable without a signature
+        return False
+
+
+def _buffer_for(value: Value | None, want: TensorType | None, buffers: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The caller's buffer for this node output, when it has one of the output's concrete shape."""
+    buffer = buffers.get(value.name) if value is not None else None
+    return buffer if buffer is not None and want is not None and _shape_matches(buffer.shape, want.shape) else None
 
 
 def _allocated_here(ours: bool, array: np.ndarray, args: list[np.ndarray | None], reused: np.ndarray | None) -> bool:

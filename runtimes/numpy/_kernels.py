@@ -2,7 +2,9 @@
 
 Kernels take the node's inputs positionally (None for absent ones) and its attributes by keyword;
 ops with an aliased output also take ``out=`` (a buffer the runtime owns, possibly the aliased input
-itself). They return one array or a tuple in output order.
+itself). A kernel may also take ``outputs=``: the caller's buffers by output index (None where it
+gave none), which it writes and returns instead of allocating. They return one array or a tuple in
+output order.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
+
 from ...schemas import OpSchema
 from ...schemas._registry import register_for
 
-__all__ = ["KERNELS", "Kernel", "kernel", "kernel_for"]
+__all__ = ["KERNELS", "Kernel", "kernel", "kernel_for", "output_buffer"]
 
 Kernel = Callable[..., object]
 K = TypeVar("K", bound=Kernel)
@@ -44,6 +48,8 @@ def _check_signature(schema: OpSchema, fn: Kernel) -> None:
     wanted = {a.name: (inspect.Parameter.empty if a.required else a.default) for a in schema.attributes}
     if any(o.alias is not None for o in schema.outputs):
         wanted["out"] = None
+    if "outputs" in keywords:
+        wanted["outputs"] = None
     problems = []
     if positional != list(schema.input_names):
         problems.append(f"inputs {positional}, expected {list(schema.input_names)}")
@@ -62,3 +68,10 @@ def _check_signature(schema: OpSchema, fn: Kernel) -> None:
 def kernel_for(schema: OpSchema) -> Kernel | None:
     """The NumPy kernel of ``schema``, or None (standard ops run on onnx.reference instead)."""
     return KERNELS.get((schema.domain, schema.op_type))
+
+
+def output_buffer(outputs: tuple[np.ndarray | None, ...] | None, index: int, shape: tuple[int, ...],
+                  dtype: np.dtype) -> np.ndarray:
+    """The caller's buffer for output ``index`` if it gave one (checked by the runtime), else a new array."""
+    buffer = outputs[index] if outputs is not None and index < len(outputs) else None
+    return buffer if buffer is not None else np.empty(shape, dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...schemas import moe as schemas
-from ._kernels import kernel
+from ._kernels import kernel, output_buffer
 from ._parallel import parallel_for
 
 __all__ = ["moe_token_unpermute", "moe_token_unpermute_grad"]
@@ -40,7 +40,8 @@ _GRAD_DEFAULTS = {a.name: a.default for a in schemas.GRAD.attributes}
 @kernel(schemas.FORWARD)
 def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray, probs: np.ndarray | None = None,
                         *, padded_mode: bool = _FORWARD_DEFAULTS["padded_mode"],
-                        restore_shape: tuple[int, ...] = _FORWARD_DEFAULTS["restore_shape"]) -> np.ndarray:
+                        restore_shape: tuple[int, ...] = _FORWARD_DEFAULTS["restore_shape"],
+                        outputs: tuple[np.ndarray | None, ...] | None = None) -> np.ndarray:
     """``out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]]``, summed in k order.
 
     Slots whose row is ``>= len(permuted_tokens)`` are dropped; with probs, zero weights are
@@ -50,7 +51,7 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
     topk = probs.shape[1] if probs is not None else 1
     tokens = sorted_indices.shape[0] // topk
     cdt = _compute_dtype(permuted_tokens, probs)
-    out = np.empty((tokens, hidden), permuted_tokens.dtype)
+    out = output_buffer(outputs, 0, (tokens, hidden), permuted_tokens.dtype)
     slots = sorted_indices.reshape(tokens, topk)
 
     def run(blocks: list[slice]) -> None:
@@ -79,8 +80,8 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
 def moe_token_unpermute_grad(permuted_tokens: np.ndarray | None, unpermuted_tokens_grad: np.ndarray,
                              sorted_indices: np.ndarray, probs: np.ndarray | None = None, *,
                              padded_mode: bool = _GRAD_DEFAULTS["padded_mode"],
-                             restore_shape: tuple[int, ...] = _GRAD_DEFAULTS["restore_shape"]
-                             ) -> tuple[np.ndarray, np.ndarray]:
+                             restore_shape: tuple[int, ...] = _GRAD_DEFAULTS["restore_shape"],
+                             outputs: tuple[np.ndarray | None, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(permuted_tokens_grad, probs_grad)``.
 
     ``permuted_tokens_grad[s[t*K+k]] = rnd(dY[t] * probs[t, k])`` (a bit copy of dY without
@@ -90,13 +91,15 @@ def moe_token_unpermute_grad(permuted_tokens: np.ndarray | None, unpermuted_toke
     grad = unpermuted_tokens_grad
     tokens, hidden = grad.shape
     slots_total = sorted_indices.shape[0]
-    out = np.empty((slots_total, hidden), grad.dtype)
+    out = output_buffer(outputs, 0, (slots_total, hidden), grad.dtype)
     if probs is None:
         out[sorted_indices] = grad
-        return out, np.zeros((tokens, 1), grad.dtype)
+        zeros = output_buffer(outputs, 1, (tokens, 1), grad.dtype)
+        zeros.fill(0)
+        return out, zeros
     topk = probs.shape[1]
     cdt = _compute_dtype(permuted_tokens, grad, probs)
-    probs_grad = np.empty(probs.shape, probs.dtype)
+    probs_grad = output_buffer(outputs, 1, probs.shape, probs.dtype)
     slots = sorted_indices.reshape(tokens, topk)
 
     widen = permuted_tokens.dtype != cdt
