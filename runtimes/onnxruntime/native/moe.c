@@ -104,6 +104,10 @@ static void store_half_acc(const float* acc, int type, uint16_t* out, int64_t n)
 }
 #endif
 
+/* Rows fetched ahead of their use: the forward's token rows (each read once), the grad's dY rows (scattered). */
+#define FORWARD_PREFETCH_ROWS 2
+#define GRAD_PREFETCH_ROWS 4
+
 static void moe_forward_task(void* user, size_t task) {
   MoeJob* j = (MoeJob*)user;
   int64_t H = j->hidden, K = j->topk;
@@ -121,8 +125,8 @@ static void moe_forward_task(void* user, size_t task) {
   for (int64_t t = first; t < last; t++) {
     for (int64_t k = 0; k < K; k++) {
       int64_t r = s[t * K + k];
-      if (t + 1 < last) { /* the next token's rows are scattered over permuted_tokens: fetch one per row summed */
-        int64_t ahead = s[(t + 1) * K + k];
+      if (t * K + k + FORWARD_PREFETCH_ROWS < last * K) { /* the rows are scattered over permuted_tokens */
+        int64_t ahead = s[t * K + k + FORWARD_PREFETCH_ROWS];
         if (ahead < j->rows)
           for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char*)j->tokens.data + (size_t)ahead * row_bytes + b, 0, 3);
       }
@@ -169,8 +173,6 @@ static void moe_forward_task(void* user, size_t task) {
   }
   free(acc);
 }
-
-#define PREFETCH_ROWS 4
 
 #if defined(__AVX2__)
 /* One float16 / bfloat16 grad row in one pass: out = round(dy * w), and the float32 dot of dy with the token
@@ -269,8 +271,8 @@ static void moe_grad_task(void* user, size_t task) {
   for (int64_t r = first; r < last; r++) {
     int64_t slot = slot_of_row[r], t = slot / K;
     const char* grad_row = (const char*)j->grad.data + (size_t)t * row_bytes;
-    if (r + PREFETCH_ROWS < last) { /* dY rows are read in slot order, scattered: fetch one ahead of its use */
-      const char* ahead = (const char*)j->grad.data + (size_t)(slot_of_row[r + PREFETCH_ROWS] / K) * row_bytes;
+    if (r + GRAD_PREFETCH_ROWS < last) { /* dY rows are read in slot order, scattered: fetch one ahead of its use */
+      const char* ahead = (const char*)j->grad.data + (size_t)(slot_of_row[r + GRAD_PREFETCH_ROWS] / K) * row_bytes;
       for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
     }
     char* out_row = (char*)j->out.data + (size_t)r * H * gs;
