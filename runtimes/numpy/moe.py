@@ -1,9 +1,10 @@
 """NumPy kernels for MoeTokenUnpermute and MoeTokenUnpermuteGrad (spec 3.3).
 
-Both work on blocks of tokens so the gathered (tokens, topK, hidden) rows stay in cache,
-and run the blocks on the process's CPUs. Gathers and scatters move whole rows
-(``np.take`` / fancy assignment); the arithmetic is float32 (float64 for float64 inputs,
-the test hook) with one rounding per output.
+Both work on blocks that stay in cache and run the blocks on the process's CPUs: the forward on
+blocks of tokens, gathering their (tokens, topK, hidden) rows; the grad on blocks of output rows
+in order, gathering only the dY rows they read. Gathers move whole rows (``np.take`` into a
+buffer each thread keeps); the arithmetic is float32 (float64 for float64 inputs, the test hook)
+with one rounding per output.
 
 Preconditions (checked by the schema's run-time validation before a runtime calls these):
 ``sorted_indices`` is a permutation of ``0..len-1`` (slot t*K+k -> row).
@@ -54,8 +55,12 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
     out = output_buffer(outputs, 0, (tokens, hidden), permuted_tokens.dtype)
     slots = sorted_indices.reshape(tokens, topk)
 
-    def run(blocks: list[slice]) -> None:
-        for block in blocks:
+    blocks = _token_blocks(tokens, topk * hidden)
+    per_block = blocks[0].stop - blocks[0].start if blocks else 0
+
+    def run(chunk: list[slice]) -> None:
+        raw = np.empty((per_block, topk, hidden), permuted_tokens.dtype)   # this thread's gather buffer
+        for block in chunk:
             rows = slots[block]
             keep = rows < rows_available
             if probs is not None:
@@ -64,15 +69,19 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
             if rows_available == 0:
                 out[block] = 0
                 continue
-            gathered = np.take(permuted_tokens, np.where(keep, rows, 0), axis=0).astype(cdt, copy=False)
-            np.copyto(gathered, 0, where=~keep[:, :, None])  # before weighting: no inf * 0
+            every = bool(keep.all())
+            taken = np.take(permuted_tokens, rows if every else np.where(keep, rows, 0), axis=0,
+                            out=raw[: rows.shape[0]])
+            gathered = taken.astype(cdt, copy=False)
+            if not every:
+                np.copyto(gathered, 0, where=~keep[:, :, None])  # before weighting: no inf * 0
             if probs is not None:
                 gathered *= weights[:, :, None]
             total = gathered.sum(axis=1)   # a reduction over a middle axis adds k = 0, 1, ... in order
             total += 0.0                   # the reference starts from +0: turn a lone -0 into +0
             np.copyto(out[block], total, casting="unsafe")
 
-    parallel_for(run, _token_blocks(tokens, topk * hidden))
+    parallel_for(run, blocks)
     return out
 
 
@@ -100,28 +109,28 @@ def moe_token_unpermute_grad(permuted_tokens: np.ndarray | None, unpermuted_toke
     topk = probs.shape[1]
     cdt = _compute_dtype(permuted_tokens, grad, probs)
     probs_grad = output_buffer(outputs, 1, probs.shape, probs.dtype)
-    slots = sorted_indices.reshape(tokens, topk)
-
-    widen = permuted_tokens.dtype != cdt
-    blocks = _token_blocks(tokens, topk * hidden)
-    per_block = (blocks[0].stop - blocks[0].start) * topk if blocks else 0
+    slot_of_row = np.empty(slots_total, np.intp)
+    slot_of_row[sorted_indices] = np.arange(slots_total)
+    flat_probs, flat_probs_grad = probs.reshape(-1), probs_grad.reshape(-1)
+    step = max(1, BLOCK_ELEMENTS // max(1, hidden))
+    blocks = [slice(r, min(r + step, slots_total)) for r in range(0, slots_total, step)]
 
     def run(chunk: list[slice]) -> None:
-        weighted = np.empty((per_block, hidden), grad.dtype)   # rows in the output dtype, then scattered
-        raw = np.empty((per_block, hidden), permuted_tokens.dtype)
-        wide = np.empty((per_block, hidden), cdt) if widen else raw
+        """Walks the output rows in order (as the native kernel): permuted_tokens is read and the output written
+        in sequence, and only the (smaller) dY rows are gathered."""
+        taken = np.empty((step, hidden), grad.dtype)                  # this thread's buffers
+        weighted = np.empty((step, hidden), cdt) if grad.dtype != cdt else None
         for block in chunk:
-            rows = slots[block].reshape(-1)
-            n = rows.size
-            dy = grad[block].astype(cdt, copy=False)
-            w = probs[block].astype(cdt, copy=False)
-            np.multiply(dy[:, None, :], w[:, :, None], out=weighted[:n].reshape(-1, topk, hidden), casting="unsafe")
-            out[rows] = weighted[:n]
-            np.take(permuted_tokens, rows, axis=0, out=raw[:n])
-            if widen:
-                np.copyto(wide[:n], raw[:n])
-            dots = np.matmul(wide[:n].reshape(-1, topk, hidden), dy[:, :, None])   # float32 dots over H
-            np.copyto(probs_grad[block], dots[..., 0], casting="unsafe")
+            slot = slot_of_row[block]
+            n = slot.size
+            dy = np.take(grad, slot // topk, axis=0, out=taken[:n]).astype(cdt, copy=False)
+            w = flat_probs[slot].astype(cdt)[:, None]
+            if weighted is None:
+                np.multiply(dy, w, out=out[block])
+            else:
+                np.copyto(out[block], np.multiply(dy, w, out=weighted[:n]), casting="unsafe")
+            rows = permuted_tokens[block].astype(cdt, copy=False)
+            flat_probs_grad[slot] = np.einsum("ij,ij->i", rows, dy)     # float32 dots over H
 
     parallel_for(run, blocks)
     return out, probs_grad
