@@ -18,6 +18,18 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN -> s
   return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
+#if defined(__AVX2__)
+/* f32_to_bf16 on the 8 lanes of a float32 vector (AVX2): the bfloat16 bits in the low half of each 32-bit lane. */
+static inline __m256i bf16_round_8(__m256 v) {
+  __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
+  __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i quiet = _mm256_or_si256(_mm256_and_si256(top, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet),
+                                              _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+#endif
+
 static inline float f16_to_f32_scalar(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu, u;
   float f;

@@ -39,20 +39,9 @@ static inline void unpack_16(const uint16_t* src, int type, __m256* lo, __m256* 
   }
 }
 
-/* bfloat16 bits of a float32 vector's lanes, rounded to nearest even (NaN: sign | 0x7fc0, as
- * f32_to_bf16), in the low half of each 32-bit lane. */
-static inline __m256i bf16_round(__m256 v) {
-  __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
-  __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  __m256i quiet = _mm256_or_si256(_mm256_and_si256(top, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet),
-                                              _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-}
-
 /* The inverse of unpack_16: two float32 vectors rounded to 16 values in memory order. */
 static inline __m256i pack_16(__m256 lo, __m256 hi, int type) {
-  if (type == T_BFLOAT16) return _mm256_packus_epi32(bf16_round(lo), bf16_round(hi));
+  if (type == T_BFLOAT16) return _mm256_packus_epi32(bf16_round_8(lo), bf16_round_8(hi));
   return _mm256_set_m128i(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT));
 }
 

@@ -70,16 +70,11 @@ static inline __m256 widen_8(const uint16_t* p, int type) {
   return _mm256_cvtph_ps(h);
 }
 
-/* 8 float32 lanes rounded to nearest even, in memory order (a bfloat16 NaN becomes sign | 0x7fc0, as
- * f32_to_bf16). */
+/* 8 float32 lanes rounded to nearest even, in memory order. */
 static inline void narrow_8(uint16_t* p, __m256 v, int type) {
   __m128i h;
   if (type == T_BFLOAT16) {
-    __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
-    __m256i r = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(top, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff))), 16);
-    __m256i quiet = _mm256_or_si256(_mm256_and_si256(top, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
-    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    __m256i r = bf16_round_8(v);
     h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   } else {
     h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
