@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...schemas import moe as schemas
-from ._kernels import kernel, output_buffer
+from ._kernels import kernel, output_buffer, take_rows
 from ._parallel import parallel_for
 
 __all__ = ["moe_token_unpermute", "moe_token_unpermute_grad"]
@@ -70,8 +70,7 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
                 out[block] = 0
                 continue
             every = bool(keep.all())
-            taken = np.take(permuted_tokens, rows if every else np.where(keep, rows, 0), axis=0,
-                            out=raw[: rows.shape[0]])
+            taken = take_rows(permuted_tokens, rows if every else np.where(keep, rows, 0), raw[: rows.shape[0]])
             gathered = taken.astype(cdt, copy=False)
             if not every:
                 np.copyto(gathered, 0, where=~keep[:, :, None])  # before weighting: no inf * 0
@@ -123,7 +122,7 @@ def moe_token_unpermute_grad(permuted_tokens: np.ndarray | None, unpermuted_toke
         for block in chunk:
             slot = slot_of_row[block]
             n = slot.size
-            dy = np.take(grad, slot // topk, axis=0, out=taken[:n]).astype(cdt, copy=False)
+            dy = take_rows(grad, slot // topk, taken[:n]).astype(cdt, copy=False)
             w = flat_probs[slot].astype(cdt)[:, None]
             if weighted is None:
                 np.multiply(dy, w, out=out[block])
