@@ -5,12 +5,16 @@ each (row, KV head) gathers a padded set of at most ``K * sparse_block_size`` ca
 (never more than the keys that exist, ``candidate_grid``) with a
 validity mask (``schemas.sparse_attention.selection``), so every product is a batched matmul over
 (rows, KV heads) with the G query heads of a group as matrix rows; masked scores are -inf
-and masked probabilities 0. The grad scatter-adds key/value contributions by sorting their
-target rows and summing runs (``np.add.reduceat``), not ``np.add.at``.
+and masked probabilities 0. The grad accumulates a block's key/value contributions either through
+a dense GEMM over the block's key span or, when that span is wide, computes them per (row,
+position) and scatter-adds them in rounds without repeated targets (``_scatter_add``), never
+with ``np.add.at``. Both add in a fixed order, and the threads' partial sums are added in chunk
+order: the same feeds give the same bits on every run with the same thread count.
 
 Numerics as the spec states: float32 compute; forward P rounded to the input dtype before
-P@V; grad P and dS rounded before their matmuls, scale applied in float32, dK/dV summed in
-float32 and rounded once. float64 inputs compute in float64 with no rounding (test hook).
+P@V; grad P and dS rounded before their matmuls, scale applied in float32 (to dQ after its
+product, to dS before the dK product), dK/dV summed in float32 and rounded once. float64 inputs
+compute in float64 with no rounding (test hook).
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from ...schemas import sparse_attention as schemas
 from ...schemas.sparse_attention.paging import dense_view, gather_dense
 from ...schemas.sparse_attention.selection import QueryRows, candidate_grid, candidates, query_rows
 
-from ._kernels import kernel
+from ._kernels import kernel, take_rows
 from ._parallel import parallel_for
 
 __all__ = ["sparse_flash_attention", "sparse_flash_attention_grad"]
 
-BLOCK_ELEMENTS = 1 << 22
-"""Gathered key elements per block of query rows (16 MiB of float32): measured best at the
-benchmark's shape; fewer, larger blocks keep the dK/dV GEMMs large and their accumulation rare."""
+BLOCK_ELEMENTS = 1 << 20
+"""Gathered key elements per block of query rows (4 MiB of float32). Blocks are the unit of work of
+the threads (at the benchmark's shape: 25 blocks, so both CPUs get work; 1 << 22 made 7 blocks and
+ran on one thread) and of the dK/dV scatter; 1 << 19 and 1 << 21 measured the same within noise."""
 
 
 @dataclass
@@ -71,14 +76,15 @@ class _Problem:
         step = max(1, BLOCK_ELEMENTS // per_row)
         return [selected[i : i + step] for i in range(0, selected.size, step)]
 
-    def gather(self, qi: np.ndarray):
-        """Everything one block of query rows needs, in compute dtype."""
+    def gather(self, qi: np.ndarray, scratch: _Scratch):
+        """Everything one block of query rows needs, in compute dtype; keys and values live in ``scratch``
+        (this thread's buffers, valid until its next gather)."""
         n1, n2, g = self.heads
         pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size, self.max_keys)
         kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, self.key.shape[0] - 1)
         flat = kv * n2 + np.arange(n2)[None, :, None]                    # rows of the (T2 * N2, .) views
-        keys = _take_rows(self.key, flat, self.cdt)                        # (nq, N2, Lp, D + Dr)
-        values = None if self.value is None else _take_rows(self.value, flat, self.cdt)   # (nq, N2, Lp, D2)
+        keys = _take_rows(self.key, flat, self.cdt, scratch, "keys")      # (nq, N2, Lp, D + Dr)
+        values = None if self.value is None else _take_rows(self.value, flat, self.cdt, scratch, "values")
         queries = self.query[qi].astype(self.cdt, copy=False).reshape(qi.size, n2, g, -1)
         return kv, valid, queries, keys, values
 
@@ -89,10 +95,32 @@ class _Problem:
             self.value = None if self.value is None else self.value.astype(self.cdt)
 
 
-def _take_rows(table: np.ndarray, flat_rows: np.ndarray, cdt: np.dtype) -> np.ndarray:
-    """``table.reshape(-1, width)[flat_rows]`` in the compute dtype (np.take: one index array, fast)."""
-    rows = np.take(table.reshape(-1, table.shape[-1]), flat_rows, axis=0)
-    return rows.astype(cdt, copy=False)
+class _Scratch:
+    """One thread's reusable buffers by name: a block's gathers land in memory the thread already touched,
+    instead of fresh allocations whose first-touch page faults can cost more than the gather itself
+    (a prototype of the forward at the bench shape: 111 ms of gathers into new arrays, 16 ms into these)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        size = int(np.prod(shape))
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            buffer = self.buffers[name] = np.empty(size, dtype)
+        return buffer[:size].reshape(shape)
+
+
+def _take_rows(table: np.ndarray, flat_rows: np.ndarray, cdt: np.dtype, scratch: _Scratch, name: str) -> np.ndarray:
+    """``table.reshape(-1, width)[flat_rows]`` in the compute dtype, in ``scratch`` (rows are clamped in range)."""
+    width = table.shape[-1]
+    shape = flat_rows.shape + (width,)
+    rows = take_rows(table.reshape(-1, width), flat_rows, scratch.array(name + ".raw", shape, table.dtype))
+    if table.dtype == cdt:
+        return rows
+    widened = scratch.array(name, shape, cdt)
+    np.copyto(widened, rows)
+    return widened
 
 
 def _flatten(layout: str, x: np.ndarray | None) -> np.ndarray | None:
@@ -160,8 +188,9 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
     p.widen_keys(int(computed.sum()) * n2 * p.span)
 
     def run(chunk: list[np.ndarray]) -> None:
+        scratch = _Scratch()
         for qi in chunk:
-            _, valid, queries, keys, values = p.gather(qi)
+            _, valid, queries, keys, values = p.gather(qi, scratch)
             scores = np.matmul(queries, keys.swapaxes(-1, -2))
             scores *= p.scale
             scores = np.where(valid[:, :, None, :], scores, -np.inf)
@@ -186,22 +215,44 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
             _to_stats_layout(layout, row_sum, query.shape))
 
 
-def _scatter_add(target: np.ndarray, rows: np.ndarray, contributions: np.ndarray) -> None:
-    """``target[rows[i]] += contributions[i]`` with repeated rows summed: sort, then add runs."""
-    if rows.size == 0:
-        return
-    order = np.argsort(rows, kind="stable")
-    ordered = rows[order]
+def _conflict_free_rounds(targets: np.ndarray) -> list[np.ndarray]:
+    """Split entry indices into rounds in which no two entries share a target: the i-th entry of each
+    target (in index order) goes to round i, and each round lists its entries in ascending order.
+
+    A fancy-index add over one round is then exact (it would drop repeated targets, so it cannot
+    take a whole block at once), the rounds together add every entry in a fixed order (deterministic),
+    and ascending entries read the contributions front to back. There are as many rounds as the
+    most entries one target has (the block's rows sharing a key)."""
+    if targets.size == 0:
+        return []
+    order = np.argsort(targets, kind="stable")
+    ordered = targets[order]
     starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-    target[ordered[starts]] += np.add.reduceat(contributions[order], starts, axis=0)
+    rank = np.empty(targets.size, np.intp)
+    rank[order] = np.arange(targets.size) - np.repeat(starts, np.diff(np.append(starts, targets.size)))
+    return np.split(np.argsort(rank, kind="stable"), np.cumsum(np.bincount(rank))[:-1])
 
 
-DENSE_SPAN_RATIO = 256
+def _scatter_add(target: np.ndarray, rows: np.ndarray, values: np.ndarray, picks: np.ndarray) -> None:
+    """``target[rows[i]] += values[picks[i]]`` (whole rows), repeated rows summed in ``i`` order.
+
+    Round by round, each a gather, an add and a scatter of whole rows: 1.5 ms for a block at the
+    benchmark's shape (21 rows, 5376 contributions of 320 floats), where ``np.add.at`` takes 19 ms
+    and a sort-and-``reduceat`` 15 ms."""
+    for entries in _conflict_free_rounds(rows):
+        at = rows[entries]
+        rows_now = np.take(target, at, axis=0)
+        rows_now += np.take(values, picks[entries], axis=0)
+        target[at] = rows_now
+
+
+DENSE_SPAN_RATIO = 32
 """Accumulate dK/dV of a block through dense matrices over its key span when
-``span * G <= DENSE_SPAN_RATIO * K * block_size``. The dense GEMM does span/(K*bs) times the
-useful flops; the alternative computes each (row, position) contribution and scatter-adds
-it (~5 ns per element here against ~0.006 ns per GEMM flop), so dense wins up to about this
-ratio (measured: 2x faster at G = 16, span = 8 K)."""
+``span * G <= DENSE_SPAN_RATIO * K * block_size``; otherwise compute each (row, position)
+contribution and scatter-add it (``_scatter_add``). The dense GEMM does span/(K*bs) times the
+useful flops at ~0.015 ns per flop on one thread here; the scatter path costs ~1 ns per element
+added plus its small-k products. Measured at the benchmark's shape (G = 16, span = 8 K, a block
+of 21 rows): dense 6.8 ms, scatter 2.0 ms."""
 
 
 class _DenseSpan:
@@ -258,14 +309,14 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
     lp = p.span
     p.widen_keys(reads.size * n2 * lp)
     blocks = p.blocks(reads)
-    accumulators: list[np.ndarray] = []
+    accumulators: dict[int, np.ndarray] = {}   # first query row of a thread's chunk -> its [dK | dV]
 
     def run(chunk: list[np.ndarray]) -> None:
         acc = np.zeros((n2, p.key.shape[0], dq + d2), p.cdt)   # per thread: [dK | dV] of (head, key row)
-        accumulators.append(acc)
-        dense = _DenseSpan(p.cdt)
+        accumulators[int(chunk[0][0])] = acc
+        dense, scratch = _DenseSpan(p.cdt), _Scratch()
         for qi in chunk:
-            kv, valid, queries, keys, values = p.gather(qi)
+            kv, valid, queries, keys, values = p.gather(qi, scratch)
             if values is None:                                  # KV merge: V = key[..., :D2]
                 values = keys[..., :d2]
             nq = qi.size
@@ -286,14 +337,17 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
             if (hi - lo) * g <= DENSE_SPAN_RATIO * lp:
                 dense.accumulate(acc, kv, valid, lo, hi, [(p.scale * d_s, queries), (p.rnd(probs), d_o)])
             else:
-                d_k = p.scale * np.matmul(d_s.swapaxes(-1, -2), queries)               # (nq, N2, Lp, Dq)
-                d_v = np.matmul(p.rnd(probs).swapaxes(-1, -2), d_o)                      # (nq, N2, Lp, D2)
-                heads = np.broadcast_to(np.arange(n2)[None, :, None], kv.shape)
-                _scatter_add(acc.reshape(-1, dq + d2), (heads * p.key.shape[0] + kv)[valid],
-                             np.concatenate([d_k, d_v], axis=-1)[valid])
+                both = scratch.array("dkv", kv.shape + (dq + d2,), p.cdt)        # (nq, N2, Lp, Dq + D2)
+                np.matmul((p.scale * d_s).swapaxes(-1, -2), queries, out=both[..., :dq])   # scaled as the dense path
+                np.matmul(p.rnd(probs).swapaxes(-1, -2), d_o, out=both[..., dq:])
+                heads = np.arange(n2)[None, :, None]
+                picks = np.flatnonzero(valid)
+                _scatter_add(acc.reshape(-1, dq + d2), (heads * p.key.shape[0] + kv).reshape(-1)[picks],
+                             both.reshape(-1, dq + d2), picks)
 
     parallel_for(run, blocks)
-    acc = sum(accumulators[1:], accumulators[0]) if accumulators else np.zeros((n2, p.key.shape[0], dq + d2), p.cdt)
+    partial = [accumulators[first] for first in sorted(accumulators)]   # chunk order, not finishing order
+    acc = sum(partial[1:], partial[0]) if partial else np.zeros((n2, p.key.shape[0], dq + d2), p.cdt)
     acc = acc.transpose(1, 0, 2)
     d_key_all, d_value = acc[..., :dq], acc[..., dq:]
     if value is None:

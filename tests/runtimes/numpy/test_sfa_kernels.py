@@ -359,6 +359,54 @@ def test_blocks_and_threads_do_not_change_results(monkeypatch):
             np.testing.assert_allclose(x.astype(np.float32), y.astype(np.float32), rtol=1e-2, atol=1e-2)
 
 
+def test_grad_adds_thread_partials_in_chunk_order_not_finishing_order(monkeypatch):
+    """Each thread sums its chunk of blocks into a partial [dK | dV]; the partials must be added in chunk
+    order, whichever thread finishes first (with three or more, sums differ by order). float64 (the test
+    hook) so that no final rounding to a 16-bit type hides a difference in the last bits."""
+    c = SfaCase(mode=0, K=16, S1=24, S2=64, N1=8, D=32, D2=32, dtype="float64", seed=5)
+    a = c.arrays()
+    out, mx, sm = run_forward_kernel(c, a)
+    d_out = np.random.default_rng(1).standard_normal(out.shape)
+    monkeypatch.setattr(kernels, "BLOCK_ELEMENTS", 1)          # one query row per block
+
+    def chunked(reverse: bool):
+        def parallel_for(work, items):
+            chunks = [list(items[i::4]) for i in range(4)]     # four interleaved "threads"
+            chunks = [sorted(ch, key=lambda qi: int(qi[0])) for ch in chunks]
+            for ch in reversed(chunks) if reverse else chunks:
+                work(ch)
+        return parallel_for
+
+    monkeypatch.setattr(kernels, "parallel_for", chunked(False))
+    in_order = run_grad_kernel(c, a, d_out, out, mx, sm)
+    monkeypatch.setattr(kernels, "parallel_for", chunked(True))
+    finished_backwards = run_grad_kernel(c, a, d_out, out, mx, sm)
+    for x, y in zip(in_order, finished_backwards):
+        if x is not None:
+            assert np.array_equal(x.view(np.uint64), y.view(np.uint64))
+
+
+def test_conflict_free_rounds_cover_every_entry_once_without_repeated_targets():
+    targets = np.array([5, 1, 5, 5, 2, 1, 7, 5])
+    rounds = kernels._conflict_free_rounds(targets)
+    assert [r.tolist() for r in rounds] == [[0, 1, 4, 6], [2, 5], [3], [7]]   # i-th entry of a target: round i
+    assert kernels._conflict_free_rounds(np.array([], np.intp)) == []
+
+
+def test_scatter_add_sums_repeated_rows_in_entry_order():
+    """Bit-identical to a sequential loop in float32 (so the order is the entries' order)."""
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 6, 200)
+    values = (rng.standard_normal((300, 5)) * 10.0 ** rng.integers(-4, 5, (300, 1))).astype(np.float32)
+    picks = rng.permutation(300)[:200]
+    got = np.zeros((6, 5), np.float32)
+    kernels._scatter_add(got, rows, values, picks)
+    expected = np.zeros((6, 5), np.float32)
+    for r, pick in zip(rows, picks):
+        expected[r] += values[pick]
+    assert np.array_equal(got, expected)
+
+
 # -- run-time data validation (spec 4.8) ----------------------------------------------------------
 def _validate(feeds, op=SFA, **attrs):
     attrs.setdefault("scale_value", 0.5)
