@@ -24,15 +24,6 @@ typedef struct {
 
 static void fail(Shared* s) { __atomic_store_n(&s->failed, 1, __ATOMIC_SEQ_CST); }
 
-static void round_row(int type, float* x, int64_t n) { /* rnd() over a row, vectorised through half.h */
-  uint16_t buf[256];
-  for (int64_t i = 0; i < n; i += 256) {
-    size_t m = (size_t)(n - i < 256 ? n - i : 256);
-    store_f32(x + i, type, buf, m);
-    load_f32(buf, type, x + i, m);
-  }
-}
-
 /* The query side of a pair: its G head rows [query | query_rope] widened (g x dkp), and transposed (dk x gp). */
 static void load_queries(const SfaPlan* p, int64_t pair, float* rows, float* transposed) {
   int64_t q = pair / p->n2, head0 = (pair % p->n2) * p->g;
@@ -95,10 +86,9 @@ static void softmax_rows(const SfaPlan* p, float* st, int64_t n, const float* si
     if (h < g && sinks) total[h] += vf_exp(vf_splat(sinks[h] - m[h]))[0];
     divisor[h] = h < g && total[h] > 0.0f ? total[h] : 1.0f;
   }
-  for (int64_t i = 0; i < n; i++) { /* P, rounded to the input dtype before P V */
-    for (int64_t h = 0; h < gp; h += GEIR_VEC) vf_store(st + i * gp + h, vf_load(st + i * gp + h) / vf_load(divisor + h));
-    round_row(p->type, st + i * gp, g);
-  }
+  for (int64_t i = 0; i < n; i++) /* P, rounded to the input dtype before P V */
+    for (int64_t h = 0; h < gp; h += GEIR_VEC)
+      vf_store(st + i * gp + h, vf_round(p->type, vf_load(st + i * gp + h) / vf_load(divisor + h)));
 }
 
 typedef struct {
@@ -289,15 +279,14 @@ static void key_run(GradJob* job, int64_t pair, const int64_t* ids, int64_t n, K
   vf vscale = vf_splat(scale);
   for (int64_t i = 0; i < n; i++) {
     float *s = w->st + i * gp, *dp = w->dpt + i * gp, *ds = w->a1 + i * gp, *pr = w->a2 + i * gp;
+    float* kept = job->ds + (ids[i] - job->e0) * gp; /* the rounded dS, for the query side's dQ */
     for (int64_t h = 0; h < gp; h += GEIR_VEC) { /* P = exp(scale S - max) / sum; dS = P (dP - rowsum(dO O)) */
       vf prob = vf_exp(vscale * vf_load(s + h) - vf_load(m + h)) / vf_load(l + h);
-      vf_store(ds + h, prob * (vf_load(dp + h) - vf_load(rowsum + h)));
-      vf_store(pr + h, prob);
+      vf rounded_ds = vf_round(p->type, prob * (vf_load(dp + h) - vf_load(rowsum + h)));
+      vf_store(kept + h, rounded_ds);
+      vf_store(ds + h, rounded_ds * vscale);
+      vf_store(pr + h, vf_round(p->type, prob));
     }
-    round_row(p->type, ds, g);
-    round_row(p->type, pr, g);
-    memcpy(job->ds + (ids[i] - job->e0) * gp, ds, (size_t)g * sizeof(float));
-    for (int64_t h = 0; h < g; h++) ds[h] *= scale;
   }
   for (int64_t i = 0; i < n; i++) w->c_rows[i] = job->acck + (int64_t)p->entry_key[ids[i]] * p->dkp;
   point_rows((const float**)w->a_rows, w->a1, n, gp);

@@ -4,6 +4,7 @@
 #ifndef GEIR_VECMATH_H
 #define GEIR_VECMATH_H
 #include "gemm.h"
+#include "half.h"
 
 typedef float vf __attribute__((vector_size(GEIR_VEC * 4)));
 typedef int32_t vi __attribute__((vector_size(GEIR_VEC * 4)));
@@ -42,6 +43,27 @@ static inline vf vf_exp(vf x) {
   y = vf_select(x < lo, vf_splat(0.0f), y);
   y = vf_select(x > hi, vf_splat(__builtin_inff()), y);
   return vf_select(x != x, x, y);
+}
+
+typedef uint32_t vu __attribute__((vector_size(GEIR_VEC * 4)));
+
+/* rnd(): each lane rounded to ``type`` (float16 / bfloat16, to nearest even) and widened back, in
+ * registers; the same bits as a store_f32 / load_f32 round trip (bfloat16 NaN -> sign | 0x7fc0). */
+static inline vf vf_round(int type, vf x) {
+  if (type == T_BFLOAT16) {
+    vu u = (vu)x, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    vu quiet = (u & 0x80000000u) | 0x7fc00000u;
+    return vf_select(x != x, (vf)quiet, (vf)rounded);
+  }
+  if (type != T_FLOAT16) return x;
+#if defined(__AVX512F__) && GEIR_VEC == 16
+  return (vf)_mm512_cvtph_ps(_mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__F16C__) && GEIR_VEC == 8
+  return (vf)_mm256_cvtph_ps(_mm256_cvtps_ph((__m256)x, _MM_FROUND_TO_NEAREST_INT));
+#else
+  for (int i = 0; i < GEIR_VEC; i++) x[i] = f16_to_f32_scalar(f32_to_f16_scalar(x[i]));
+  return x;
+#endif
 }
 
 #endif
