@@ -66,9 +66,12 @@ class _Problem:
         n1, n2 = self.query.shape[1], self.key.shape[1]
         return n1, n2, n1 // n2
 
-    def rnd(self, x: np.ndarray) -> np.ndarray:
-        """Round to the input dtype and widen back (identity in the float64 hook)."""
-        return x if self.dtype == self.cdt else x.astype(self.dtype).astype(self.cdt)
+    def rnd_in_place(self, x: np.ndarray) -> np.ndarray:
+        """Round ``x`` (compute dtype) to the input dtype and widen it back, in place (identity in the
+        float64 hook); returns ``x``."""
+        if self.dtype != self.cdt:
+            np.copyto(x, x.astype(self.dtype))
+        return x
 
     def blocks(self, selected: np.ndarray) -> list[np.ndarray]:
         n2 = self.indices.shape[1]
@@ -191,19 +194,23 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
         scratch = _Scratch()
         for qi in chunk:
             _, valid, queries, keys, values = p.gather(qi, scratch)
-            scores = np.matmul(queries, keys.swapaxes(-1, -2))
+            masked = ~valid[:, :, None, :] if not valid.all() else None    # most blocks see K keys per row
+            scores = np.matmul(queries, keys.swapaxes(-1, -2), out=scratch.array("scores", queries.shape[:-1] + (
+                keys.shape[-2],), p.cdt))                      # scores, then exponentials, then P, in place
             scores *= p.scale
-            scores = np.where(valid[:, :, None, :], scores, -np.inf)
+            if masked is not None:
+                np.copyto(scores, -np.inf, where=masked)
             m = scores.max(axis=-1)
             if sink is not None:
                 m = np.maximum(m, sink)
             m = np.where(np.isfinite(m), m, 0)            # rows with no key and no sink
-            e = np.exp(scores - m[..., None])
-            total = e.sum(axis=-1)
+            np.subtract(scores, m[..., None], out=scores)
+            np.exp(scores, out=scores)
+            total = scores.sum(axis=-1)
             if sink is not None:
                 total += np.exp(sink - m)
-            probs = e / np.where(total > 0, total, 1)[..., None]
-            out[qi] = np.matmul(p.rnd(probs), values)
+            scores /= np.where(total > 0, total, 1)[..., None]
+            out[qi] = np.matmul(p.rnd_in_place(scores), values)
             row_max[qi], row_sum[qi] = m, total
 
     parallel_for(run, p.blocks(np.flatnonzero(computed)))
@@ -322,24 +329,35 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
             nq = qi.size
             d_o = grad_rows[qi].astype(p.cdt).reshape(nq, n2, g, d2)
             o = out_rows[qi].astype(p.cdt).reshape(nq, n2, g, d2)
-            scores = np.matmul(queries, keys.swapaxes(-1, -2))
-            scaled = np.where(valid[:, :, None, :], p.scale * scores, -np.inf)
+            masked = ~valid[:, :, None, :] if not valid.all() else None
+            shape = queries.shape[:-1] + (keys.shape[-2],)
+            probs = np.matmul(queries, keys.swapaxes(-1, -2), out=scratch.array("probs", shape, p.cdt))
+            probs *= p.scale                                   # scores -> P in place
+            if masked is not None:
+                np.copyto(probs, -np.inf, where=masked)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                probs = np.exp(scaled - stats_max[qi][..., None]) / stats_sum[qi][..., None]
-            probs = np.where(valid[:, :, None, :], probs, 0)
-            d_p = np.matmul(d_o, values.swapaxes(-1, -2))
-            d_s = probs * (d_p - (d_o * o).sum(axis=-1)[..., None])
-            d_s = p.rnd(np.where(valid[:, :, None, :], d_s, 0))
+                np.subtract(probs, stats_max[qi][..., None], out=probs)
+                np.exp(probs, out=probs)
+                probs /= stats_sum[qi][..., None]
+            if masked is not None:
+                np.copyto(probs, 0, where=masked)
+            d_s = np.matmul(d_o, values.swapaxes(-1, -2), out=scratch.array("d_s", shape, p.cdt))
+            d_s -= (d_o * o).sum(axis=-1)[..., None]           # dP - rowsum(dO O), then times P: dS
+            d_s *= probs
+            if masked is not None:
+                np.copyto(d_s, 0, where=masked)
+            p.rnd_in_place(d_s)
+            p.rnd_in_place(probs)                              # only the rounded P is read from here on
             d_q[qi] = p.scale * np.matmul(d_s, keys)
             if not valid.any():
                 continue
             lo, hi = int(kv[valid].min()), int(kv[valid].max()) + 1
             if (hi - lo) * g <= DENSE_SPAN_RATIO * lp:
-                dense.accumulate(acc, kv, valid, lo, hi, [(p.scale * d_s, queries), (p.rnd(probs), d_o)])
+                dense.accumulate(acc, kv, valid, lo, hi, [(p.scale * d_s, queries), (probs, d_o)])
             else:
                 both = scratch.array("dkv", kv.shape + (dq + d2,), p.cdt)        # (nq, N2, Lp, Dq + D2)
                 np.matmul((p.scale * d_s).swapaxes(-1, -2), queries, out=both[..., :dq])   # scaled as the dense path
-                np.matmul(p.rnd(probs).swapaxes(-1, -2), d_o, out=both[..., dq:])
+                np.matmul(probs.swapaxes(-1, -2), d_o, out=both[..., dq:])
                 heads = np.arange(n2)[None, :, None]
                 picks = np.flatnonzero(valid)
                 _scatter_add(acc.reshape(-1, dq + d2), (heads * p.key.shape[0] + kv).reshape(-1)[picks],
