@@ -17,6 +17,7 @@ import numpy as np
 
 from ...schemas import OpSchema
 from ...schemas._registry import register_for
+from . import _pool as pool
 
 __all__ = ["KERNELS", "Kernel", "kernel", "kernel_for", "output_buffer", "take_rows"]
 
@@ -72,9 +73,10 @@ def kernel_for(schema: OpSchema) -> Kernel | None:
 
 def output_buffer(outputs: tuple[np.ndarray | None, ...] | None, index: int, shape: tuple[int, ...],
                   dtype: np.dtype) -> np.ndarray:
-    """The caller's buffer for output ``index`` if it gave one (checked by the runtime), else a new array."""
+    """The caller's buffer for output ``index`` if it gave one (checked by the runtime), else a new array
+    (from memory earlier runs let go of, ``_pool``)."""
     buffer = outputs[index] if outputs is not None and index < len(outputs) else None
-    return buffer if buffer is not None else np.empty(shape, dtype)
+    return buffer if buffer is not None else pool.empty(shape, dtype)
 
 
 def take_rows(table: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:

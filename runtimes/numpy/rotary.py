@@ -21,7 +21,7 @@ import numpy as np
 
 from ...schemas import rotary as schemas
 from ...schemas.rotary.rotation import rotation_tables
-from ._kernels import kernel
+from ._kernels import kernel, output_buffer
 from ._parallel import parallel_for
 
 __all__ = ["rotary_mul", "rotary_mul_grad"]
@@ -89,7 +89,7 @@ def _rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int, partial_
     start, end = schemas.slice_bounds(partial_slice, x.shape[-1])
     in_place = out is x
     if out is None:
-        out = np.empty_like(x)
+        out = output_buffer(None, 0, x.shape, x.dtype)
     length = end - start
     if length == 0 or x.size == 0:
         if not in_place:
