@@ -58,8 +58,11 @@ def _blas_single_threaded() -> Iterator[None]:
     global _blas_users, _blas_limit, _controller
     with _blas_lock:
         if _blas_users == 0:
-            _controller = _controller or ThreadpoolController()
-            _blas_limit = _controller.limit(limits=1, user_api="blas")
+            try:
+                _controller = _controller or ThreadpoolController()
+                _blas_limit = _controller.limit(limits=1, user_api="blas")
+            except Exception:   # a BLAS threadpoolctl cannot drive: run as before, only slower
+                _blas_limit = None
         _blas_users += 1
     try:
         yield

@@ -82,3 +82,14 @@ def test_overlapping_parallel_runs_restore_blas_only_when_the_last_one_ends():
     assert seen_by_second == [[1] * len(before)]
     assert still_limited == [1] * len(before)
     assert _blas_threads() == before
+
+
+def test_a_blas_that_cannot_be_limited_does_not_fail_the_run(two_threads, monkeypatch):
+    class Broken:
+        def limit(self, **_):
+            raise OSError("no such symbol")
+
+    monkeypatch.setattr(_parallel, "_controller", Broken())
+    done: list[int] = []
+    _parallel.parallel_for(lambda chunk: done.extend(chunk), list(range(8)))
+    assert sorted(done) == list(range(8))
