@@ -21,7 +21,8 @@ import numpy as np
 
 from ...schemas import rotary as schemas
 from ...schemas.rotary.rotation import rotation_tables
-from ._kernels import kernel, output_buffer
+from . import _pool as pool
+from ._kernels import kernel
 from ._parallel import parallel_for
 
 __all__ = ["rotary_mul", "rotary_mul_grad"]
@@ -89,7 +90,7 @@ def _rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int, partial_
     start, end = schemas.slice_bounds(partial_slice, x.shape[-1])
     in_place = out is x
     if out is None:
-        out = output_buffer(None, 0, x.shape, x.dtype)
+        out = pool.empty(x.shape, x.dtype)   # memory earlier results let go of, when there is some
     length = end - start
     if length == 0 or x.size == 0:
         if not in_place:
