@@ -86,8 +86,8 @@ class _Problem:
         pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size, self.max_keys)
         kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, self.key.shape[0] - 1)
         flat = kv * n2 + np.arange(n2)[None, :, None]                    # rows of the (T2 * N2, .) views
-        keys = _take_rows(self.key, flat, self.cdt, scratch, "keys")      # (nq, N2, Lp, D + Dr)
-        values = None if self.value is None else _take_rows(self.value, flat, self.cdt, scratch, "values")
+        keys = _gather_widened(self.key, flat, self.cdt, scratch, "keys")      # (nq, N2, Lp, D + Dr)
+        values = None if self.value is None else _gather_widened(self.value, flat, self.cdt, scratch, "values")
         queries = self.query[qi].astype(self.cdt, copy=False).reshape(qi.size, n2, g, -1)
         return kv, valid, queries, keys, values
 
@@ -114,7 +114,7 @@ class _Scratch:
         return buffer[:size].reshape(shape)
 
 
-def _take_rows(table: np.ndarray, flat_rows: np.ndarray, cdt: np.dtype, scratch: _Scratch, name: str) -> np.ndarray:
+def _gather_widened(table: np.ndarray, flat_rows: np.ndarray, cdt: np.dtype, scratch: _Scratch, name: str) -> np.ndarray:
     """``table.reshape(-1, width)[flat_rows]`` in the compute dtype, in ``scratch`` (rows are clamped in range)."""
     width = table.shape[-1]
     shape = flat_rows.shape + (width,)
