@@ -102,15 +102,16 @@ static void forward_task(void* user, size_t task) {
   SfaPlan* p = job->s.p;
   int64_t g = p->g, gp = p->gp, L = p->max_selected > 0 ? p->max_selected : 1;
   int64_t pointers = L + p->dk + g;
-  size_t floats = (size_t)(L * gp + p->dk * gp + g * p->dkp + g * p->d2p + 2 * gp);
+  int64_t work_floats = geir_gemm_work_floats(gp > p->d2p ? gp : p->d2p);
+  size_t floats = (size_t)(L * gp + p->dk * gp + g * p->dkp + g * p->d2p + 2 * gp + work_floats);
   float* scratch = (float*)geir_scratch(floats * sizeof(float) + (size_t)pointers * 3 * sizeof(void*), 0);
   if (!scratch) {
     fail(&job->s);
     return;
   }
   float *st = scratch, *qt = st + L * gp, *qrows = qt + p->dk * gp, *o = qrows + g * p->dkp, *m = o + g * p->d2p,
-        *total = m + gp;
-  const float** a_rows = (const float**)(total + gp);
+        *total = m + gp, *work = total + gp;
+  const float** a_rows = (const float**)(work + work_floats);
   const float** b_rows = a_rows + pointers;
   float** c_rows = (float**)(b_rows + pointers);
   const float* sinks = p->has_sinks ? (const float*)p->sinks.data : NULL;
@@ -135,7 +136,7 @@ static void forward_task(void* user, size_t task) {
     for (int64_t i = 0; i < n; i++) a_rows[i] = p->kw + (int64_t)p->entry_key[e0 + i] * p->dkp;
     point_rows(b_rows, qt, p->dk, gp);
     point_rows((const float**)c_rows, st, n, gp);
-    geir_gemm(n, gp, p->dk, a_rows, 1, b_rows, c_rows, 0); /* S^T: keys x heads */
+    geir_gemm(n, gp, p->dk, a_rows, 1, b_rows, c_rows, 0, work); /* S^T: keys x heads */
     softmax_rows(p, st, n, sinks ? sinks + head0 : NULL, m, total);
     for (int64_t h = 0; mx && h < g; h++) {
       mx[h] = m[h];
@@ -144,7 +145,7 @@ static void forward_task(void* user, size_t task) {
     for (int64_t h = 0; h < g; h++) a_rows[h] = st + h;
     for (int64_t i = 0; i < n; i++) b_rows[i] = p->vw + (int64_t)p->entry_key[e0 + i] * p->vw_ld;
     point_rows((const float**)c_rows, o, g, p->d2p);
-    geir_gemm(g, p->d2p, n, a_rows, gp, b_rows, c_rows, 0); /* O = P V */
+    geir_gemm(g, p->d2p, n, a_rows, gp, b_rows, c_rows, 0, work); /* O = P V */
     for (int64_t h = 0; h < g; h++) store_f32(o + h * p->d2p, p->type, out + (size_t)(h * p->d2) * es, (size_t)p->d2);
   }
   free(scratch);
@@ -254,7 +255,7 @@ static void side_task(void* user, size_t task) {
 }
 
 typedef struct { /* a key task's scratch, sized for the largest pair */
-  float *st, *dpt, *a1, *a2;
+  float *st, *dpt, *a1, *a2, *work;
   const float **a_rows, **b_rows;
   float** c_rows;
 } KeyScratch;
@@ -271,11 +272,11 @@ static void key_run(GradJob* job, int64_t pair, const int64_t* ids, int64_t n, K
   for (int64_t i = 0; i < n; i++) w->a_rows[i] = p->kw + (int64_t)p->entry_key[ids[i]] * p->dkp;
   point_rows(w->b_rows, qt, p->dk, gp);
   point_rows((const float**)w->c_rows, w->st, n, gp);
-  geir_gemm(n, gp, p->dk, w->a_rows, 1, w->b_rows, w->c_rows, 0); /* S^T */
+  geir_gemm(n, gp, p->dk, w->a_rows, 1, w->b_rows, w->c_rows, 0, w->work); /* S^T */
   for (int64_t i = 0; i < n; i++) w->a_rows[i] = p->vw + (int64_t)p->entry_key[ids[i]] * p->vw_ld;
   point_rows(w->b_rows, dot, p->d2, gp);
   point_rows((const float**)w->c_rows, w->dpt, n, gp);
-  geir_gemm(n, gp, p->d2, w->a_rows, 1, w->b_rows, w->c_rows, 0); /* dP^T = V dO^T */
+  geir_gemm(n, gp, p->d2, w->a_rows, 1, w->b_rows, w->c_rows, 0, w->work); /* dP^T = V dO^T */
   vf vscale = vf_splat(scale);
   for (int64_t i = 0; i < n; i++) {
     float *s = w->st + i * gp, *dp = w->dpt + i * gp, *ds = w->a1 + i * gp, *pr = w->a2 + i * gp;
@@ -291,11 +292,11 @@ static void key_run(GradJob* job, int64_t pair, const int64_t* ids, int64_t n, K
   for (int64_t i = 0; i < n; i++) w->c_rows[i] = job->acck + (int64_t)p->entry_key[ids[i]] * p->dkp;
   point_rows((const float**)w->a_rows, w->a1, n, gp);
   point_rows(w->b_rows, qrows, g, p->dkp);
-  geir_gemm(n, p->dkp, g, w->a_rows, 1, w->b_rows, w->c_rows, 1); /* dK += scale dS^T Q */
+  geir_gemm(n, p->dkp, g, w->a_rows, 1, w->b_rows, w->c_rows, 1, w->work); /* dK += scale dS^T Q */
   for (int64_t i = 0; i < n; i++) w->c_rows[i] = job->accv + (int64_t)p->entry_key[ids[i]] * p->d2p;
   point_rows((const float**)w->a_rows, w->a2, n, gp);
   point_rows(w->b_rows, dorows, g, p->d2p);
-  geir_gemm(n, p->d2p, g, w->a_rows, 1, w->b_rows, w->c_rows, 1); /* dV += round(P)^T dO */
+  geir_gemm(n, p->d2p, g, w->a_rows, 1, w->b_rows, w->c_rows, 1, w->work); /* dV += round(P)^T dO */
 }
 
 static void key_task(void* user, size_t task) {
@@ -303,8 +304,10 @@ static void key_task(void* user, size_t task) {
   SfaPlan* p = job->s.p;
   int64_t n = p->max_selected, gp = p->gp, width = p->dk > p->d2 ? p->dk : p->d2;
   width = width > p->g ? width : p->g;
+  int64_t wide = p->dkp > p->d2p ? p->dkp : p->d2p, work_floats = geir_gemm_work_floats(wide > gp ? wide : gp);
   KeyScratch w;
-  float* scratch = (float*)geir_scratch((size_t)(4 * n * gp) * sizeof(float) + (size_t)(2 * n + width) * sizeof(void*), 0);
+  float* scratch = (float*)geir_scratch((size_t)(4 * n * gp + work_floats) * sizeof(float) +
+                                            (size_t)(2 * n + width) * sizeof(void*), 0);
   if (!scratch) {
     fail(&job->s);
     return;
@@ -313,7 +316,8 @@ static void key_task(void* user, size_t task) {
   w.dpt = w.st + n * gp;
   w.a1 = w.dpt + n * gp;
   w.a2 = w.a1 + n * gp;
-  w.a_rows = (const float**)(w.a2 + n * gp);
+  w.work = w.a2 + n * gp;
+  w.a_rows = (const float**)(w.work + work_floats);
   w.c_rows = (float**)(w.a_rows + n);
   w.b_rows = (const float**)(w.c_rows + n);
   const int64_t* ids = job->task_entries + job->task_start[task];
@@ -333,12 +337,15 @@ static void query_task(void* user, size_t task) {
   GradJob* job = (GradJob*)user;
   SfaPlan* p = job->s.p;
   int64_t g = p->g, gp = p->gp, n_max = p->max_selected > 0 ? p->max_selected : 1;
-  float* scratch = (float*)geir_scratch((size_t)(g * p->dkp) * sizeof(float) + (size_t)(n_max + 2 * g) * sizeof(void*), 0);
+  int64_t work_floats = geir_gemm_work_floats(p->dkp);
+  float* scratch = (float*)geir_scratch((size_t)(g * p->dkp + work_floats) * sizeof(float) +
+                                            (size_t)(n_max + 2 * g) * sizeof(void*), 0);
   if (!scratch) {
     fail(&job->s);
     return;
   }
-  const float** a_rows = (const float**)(scratch + g * p->dkp);
+  float* work = scratch + g * p->dkp;
+  const float** a_rows = (const float**)(work + work_floats);
   const float** b_rows = a_rows + g;
   float** c_rows = (float**)(b_rows + n_max);
   size_t es = elem_size(p->type);
@@ -352,7 +359,7 @@ static void query_task(void* user, size_t task) {
       c_rows[h] = scratch + h * p->dkp;
     }
     for (int64_t i = 0; i < n; i++) b_rows[i] = p->kw + (int64_t)p->entry_key[e0 + i] * p->dkp;
-    geir_gemm(g, p->dkp, n, a_rows, gp, b_rows, c_rows, 0);
+    geir_gemm(g, p->dkp, n, a_rows, gp, b_rows, c_rows, 0, work);
     for (int64_t h = 0; h < g; h++) {
       float* row = scratch + h * p->dkp;
       for (int64_t c = 0; c < p->dk; c++) row[c] *= scale;

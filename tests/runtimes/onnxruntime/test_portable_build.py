@@ -18,7 +18,7 @@ from geir.runtimes.onnxruntime._native import find_compiler
 from native_helpers import requires_compiler
 
 HERE = Path(__file__).parent
-NATIVE_TESTS = ("test_native.py", "test_native_sfa.py", "test_sfa_grad_determinism.py")
+NATIVE_TESTS = ("test_native.py", "test_native_sfa.py", "test_sfa_grad_determinism.py", "test_native_gemm.py")
 PORTABLE_FLAGS = ("-mno-avx", "-mno-avx2", "-mno-fma", "-mno-f16c")
 
 
