@@ -16,7 +16,7 @@ static inline vf vf_load(const float* p) {
 }
 static inline void vf_store(float* p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf vf_splat(float x) {
-  vf v;
+  vf v = {0};
   for (int i = 0; i < GEIR_VEC; i++) v[i] = x;
   return v;
 }

@@ -1,6 +1,7 @@
 """The native library built as for a CPU without AVX, AVX2, FMA or F16C: its portable paths (scalar
 conversions, 16-byte vectors in the matrix multiply and the softmax, the MoE rows without intrinsics) pass
-the same native tests as the build for this CPU, which alone would leave them untested on an AVX2 machine."""
+the same native tests as the build for this CPU, which alone would leave them untested on an AVX2 machine;
+and its AVX-512 paths, which this machine cannot run, compile cleanly."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from geir.runtimes.onnxruntime._native import find_compiler
+from geir.runtimes.onnxruntime._native import CFLAGS, SOURCES, find_compiler
 from native_helpers import requires_compiler
 
 HERE = Path(__file__).parent
@@ -37,3 +38,26 @@ def test_the_portable_build_passes_the_native_tests(tmp_path):
     libraries = list(tmp_path.glob("libgeir_ort-*.so"))
     assert len(libraries) == 1, libraries          # the tests ran on the portable library, built once
     assert ctypes.CDLL(str(libraries[0])).geir_gemm_vector_floats() == 4   # 16-byte vectors: no AVX in it
+
+
+AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c", "-mfma")
+
+
+@pytest.mark.slow
+@requires_compiler
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX-512 is an x86 extension")
+def test_the_avx512_paths_compile_without_warnings(tmp_path):
+    """This machine cannot run AVX-512 code, so its paths (16-float vectors, the 512-bit float16 rounding) are at
+    least compiled here, with every warning an error: a type or intrinsic mistake in them fails this test."""
+    compiler = find_compiler()
+    assert compiler is not None
+    probe = subprocess.run([*compiler, *AVX512_FLAGS, "-dM", "-E", "-x", "c", os.devnull], capture_output=True,
+                           text=True, timeout=60)
+    if "__AVX512F__" not in probe.stdout:
+        pytest.skip(f"{compiler[0]} cannot target AVX-512")   # an old or non-GCC-compatible compiler
+    flags = [f for f in CFLAGS if f != "-shared"]
+    for source in SOURCES:
+        result = subprocess.run([*compiler, *flags, *AVX512_FLAGS, "-Werror", "-c", "-o",
+                                 str(tmp_path / f"{source.stem}.o"), str(source)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (source.name, result.stderr[-3000:])
