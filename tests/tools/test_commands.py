@@ -164,9 +164,33 @@ def test_bench_marks_each_target_and_draws_the_ratios(tmp_path, capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if "geir onnxruntime, caller buffers" in line
             and line.startswith("MoeTokenUnpermuteGrad")]
-    assert len(rows) == 2 and all(("MET <= 1.3x np.copyto" in r or "MISSED <= 1.3x np.copyto" in r) for r in rows)
+    assert len(rows) == 2 and all(("MET <= 1.3x warm np.copyto" in r or "MISSED <= 1.3x warm np.copyto" in r) for r in rows)
     fresh = [line for line in out.splitlines() if "geir onnxruntime  " in line and line.startswith("MoeTokenUnpermuteGrad")]
     torch_present = importlib.util.find_spec("torch") is not None        # the PyTorch target needs a PyTorch row
     assert len(fresh) == 2 and all("<= 1.2x same, into a fresh buffer" in r and ("faster than PyTorch" in r) == torch_present
                                    for r in fresh)
     assert (tmp_path / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_copy_baseline_keeps_its_fastest_rate_per_byte(monkeypatch):
+    """A row with other ways to do its work (``also``) keeps the lowest time per unit of work, stated for its own
+    work; the baseline's ratios follow it; the larger copies stop at LARGEST_COPY."""
+    import time
+
+    from geir.tools import bench
+
+    def sleeper(seconds):
+        return lambda: time.sleep(seconds)
+
+    fast = (lambda: sleeper(0.002), 4000.0)           # 4x the work in 2 ms: 0.5 us per unit, against 10 us
+    rows = [bench.Measurement("Op", "case", "copy", sleeper(0.01), 1000.0, "GB/s", baseline=True, also=(fast,)),
+            bench.Measurement("Op", "case", "kernel", sleeper(0.001), 1000.0, "GB/s", targets=(("copy", 1.5),))]
+    monkeypatch.setitem(bench.SUITES, "fake", lambda quick: rows)
+    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+    table = bench.run_benchmarks(["fake"], repeat=2, progress=None)
+    copy_line = next(line for line in table.splitlines() if line.startswith("Op") and "  copy  " in line)
+    kernel_line = next(line for line in table.splitlines() if line.startswith("Op") and "kernel" in line)
+    assert float(copy_line.split()[3]) < 1.0                  # about 0.5 ms for the row's 1000 units, not 10 ms
+    assert "MISSED <= 1.5x copy" in kernel_line               # 1 ms against 0.5 ms: 2x (against 10 ms it would be met)
+    assert [work for _, work in bench.larger_copies(1000)] == [4000.0, 8000.0]   # bytes read and written
+    assert len(bench.larger_copies(bench.LARGEST_COPY // 2)) == 1
