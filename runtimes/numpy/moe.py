@@ -50,7 +50,7 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
     """
     rows_available, hidden = permuted_tokens.shape
     topk = probs.shape[1] if probs is not None else 1
-    tokens = sorted_indices.shape[0] // topk
+    tokens = probs.shape[0] if probs is not None else sorted_indices.shape[0]   # topK 0: Tn empty sums, zeros
     cdt = _compute_dtype(permuted_tokens, probs)
     out = output_buffer(outputs, 0, (tokens, hidden), permuted_tokens.dtype)
     slots = sorted_indices.reshape(tokens, topk)

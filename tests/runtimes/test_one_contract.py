@@ -9,7 +9,7 @@ import pytest
 import geir
 from geir import ExecutionError
 from geir.runtimes import runtime_names
-from helpers import ROPE_GRAD
+from helpers import ROPE_GRAD, moe_graph
 
 RUNTIMES = runtime_names()
 
@@ -261,3 +261,32 @@ def test_feeds_of_exact_dtype_and_shape_take_the_short_check_and_others_the_full
                            ({"z": exact}, r"unexpected feed\(s\) \['z'\]")]:
         with pytest.raises(geir.ExecutionError, match=message):
             validate_feeds(g, feeds)
+
+
+ZERO_SIZE_MOE = {   # (rows, hidden, slots, probs shape): spec 3.2 accepts zero-size tensors in the forward
+    "top_k_0": (4, 64, 0, (3, 0)),          # three tokens, no slot each: three empty sums
+    "no_tokens": (4, 64, 0, (0, 2)),
+    "no_rows": (0, 64, 6, (3, 2)),          # every slot dropped
+    "no_hidden": (4, 0, 4, (2, 2)),
+}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", sorted(ZERO_SIZE_MOE))
+def test_moe_forward_of_zero_size_tensors_gives_positive_zeros(runtime, dtype, case):
+    """out[t] is an empty sum, or one of dropped slots only: +0 on both runtimes (before: topK = 0 divided by zero
+    on the NumPy runtime and returned uninitialised memory from the native kernel)."""
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    warm = moe_graph(8, 64, 8, (4, 2), dtype)              # a run first, so freed memory holds other values
+    geir.run(warm, {"tokens": np.full((8, 64), 3, np_dtype), "indices": np.arange(8, dtype=np.int32)[::-1].copy(),
+                    "probs": np.full((4, 2), 0.5, np_dtype)}, runtime=runtime)
+    rows, hidden, slots, probs_shape = ZERO_SIZE_MOE[case]
+    g = moe_graph(rows, hidden, slots, probs_shape, dtype)
+    feeds = {"tokens": np.full((rows, hidden), 7, np_dtype), "indices": np.arange(slots, dtype=np.int32),
+             "probs": np.full(probs_shape, 0.25, np_dtype)}
+    y = np.asarray(geir.run(g, feeds, runtime=runtime)["y"], np.float32)
+    assert y.shape == (probs_shape[0], hidden)
+    assert not y.any() and not np.signbit(y).any()

@@ -55,112 +55,117 @@ static inline void store_32_bytes(void* p, __m256i v, int stream) {
   }
 }
 
-/* acc (=, or += when add) src * w over a float16 / bfloat16 row; acc holds each block of 16 in unpack_16's
- * order (the tail in memory order), which store_half_acc undoes. */
-static void half_weighted_add(float* acc, const uint16_t* src, int type, float w, int add, int64_t n) {
-  __m256 vw = _mm256_set1_ps(w);
+/* One output row of the forward, 16 columns at a time in registers: the weighted rows' products added in k
+ * order to an accumulator that never leaves its registers, then + 0 and one rounding, so every element sees the
+ * same operations as in the row-at-a-time loop (a NULL row is a dropped or zero-weight slot: it adds 0 * w).
+ * Reading the K rows side by side keeps K sequential streams going. K = 0 gives +0. */
+static void weighted_rows(const char* const* rows, const float* w, int64_t K, int type, char* out, int64_t H) {
+  const __m256 zero = _mm256_setzero_ps();
+  int half = type != T_FLOAT;
+  size_t es = half ? 2 : 4;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 lo, hi;
-    unpack_16(src + i, type, &lo, &hi);
-    lo = _mm256_mul_ps(lo, vw);
-    hi = _mm256_mul_ps(hi, vw);
-    if (add) {
-      lo = _mm256_add_ps(_mm256_loadu_ps(acc + i), lo);
-      hi = _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), hi);
+  for (; i + 16 <= H; i += 16) {
+    __m256 lo = zero, hi = zero;
+    for (int64_t k = 0; k < K; k++) {
+      __m256 vw = _mm256_set1_ps(w[k]), a, b;
+      if (!rows[k]) {
+        a = b = _mm256_set1_ps(0.0f * w[k]);
+      } else if (half) {
+        unpack_16((const uint16_t*)rows[k] + i, type, &a, &b);
+        a = _mm256_mul_ps(a, vw);
+        b = _mm256_mul_ps(b, vw);
+      } else {
+        a = _mm256_mul_ps(_mm256_loadu_ps((const float*)rows[k] + i), vw);
+        b = _mm256_mul_ps(_mm256_loadu_ps((const float*)rows[k] + i + 8), vw);
+      }
+      lo = k ? _mm256_add_ps(lo, a) : a;
+      hi = k ? _mm256_add_ps(hi, b) : b;
     }
-    _mm256_storeu_ps(acc + i, lo);
-    _mm256_storeu_ps(acc + i + 8, hi);
+    lo = _mm256_add_ps(lo, zero);
+    hi = _mm256_add_ps(hi, zero);
+    if (half) {
+      _mm256_storeu_si256((__m256i*)(out + (size_t)i * es), pack_16(lo, hi, type));
+    } else {
+      _mm256_storeu_ps((float*)out + i, lo);
+      _mm256_storeu_ps((float*)out + i + 8, hi);
+    }
   }
-  for (; i < n; i++) {
-    float x;
-    load_f32(src + i, type, &x, 1);
-    acc[i] = add ? acc[i] + x * w : x * w;
+  for (; i < H; i++) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+      float x = 0.0f;
+      if (rows[k]) load_f32(rows[k] + (size_t)i * es, type, &x, 1);
+      float product = rows[k] ? x * w[k] : 0.0f * w[k];
+      acc = k ? acc + product : product;
+    }
+    acc += 0.0f;
+    store_f32(&acc, type, out + (size_t)i * es, 1);
   }
 }
 
-/* out = round(acc + 0) for an accumulator in half_weighted_add's order. */
-static void store_half_acc(const float* acc, int type, uint16_t* out, int64_t n) {
-  const __m256 zero = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256((__m256i*)(out + i), pack_16(_mm256_add_ps(_mm256_loadu_ps(acc + i), zero),
-                                                    _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), zero), type));
-  for (; i < n; i++) {
-    float x = acc[i] + 0.0f;
-    store_f32(&x, type, out + i, 1);
-  }
-}
 #endif
 
-/* Rows fetched ahead of their use: the forward's token rows (each read once), the grad's dY rows (scattered). */
-#define FORWARD_PREFETCH_ROWS 2
+/* The grad's dY rows (scattered) are fetched this many output rows ahead of their use. */
 #define GRAD_PREFETCH_ROWS 4
 
+/* The forward: out[t] = sum over k of probs[t, k] * permuted_tokens[s[t*K + k]], each product rounded, then added
+ * in k order, as the NumPy kernel (w = 1 without probs multiplies exactly; a dropped or zero-weight slot adds
+ * 0 * w, which keeps the sign of the NumPy kernel's zeros and is the same in every lane order); then + 0 (a lone
+ * -0 becomes +0) and one rounding. The next token's rows, scattered over permuted_tokens, are fetched ahead. */
 static void moe_forward_task(void* user, size_t task) {
   MoeJob* j = (MoeJob*)user;
   int64_t H = j->hidden, K = j->topk;
   const int32_t* s = (const int32_t*)j->indices.data;
   size_t ts = elem_size(j->tokens.type), ps = j->has_probs ? elem_size(j->probs.type) : 0;
-  float* acc = (float*)geir_scratch((size_t)(2 * H + 1) * sizeof(float), 0);
-  if (!acc) {
+  /* per slot of a token: its row (NULL when dropped or weighted 0) and weight; then two float32 rows (the portable
+   * path's accumulator and widened row) */
+  size_t bytes = (size_t)K * (sizeof(char*) + sizeof(float)) + (size_t)(2 * H + 1) * sizeof(float);
+  char* scratch = (char*)geir_scratch(bytes, 0);
+  if (!scratch) {
     __atomic_store_n(&j->failed, 1, __ATOMIC_SEQ_CST);
     return;
   }
-  float* row = acc + H;
+  const char** rows = (const char**)scratch;
+  float* w = (float*)(rows + K);
   int64_t first = (int64_t)task * j->per_task, last = first + j->per_task;
   if (last > j->tokens_n) last = j->tokens_n;
   size_t row_bytes = (size_t)H * ts;
   for (int64_t t = first; t < last; t++) {
+    for (int64_t k = 0; t + 1 < last && k < K; k++) {
+      int64_t ahead = s[(t + 1) * K + k];
+      if (ahead < j->rows)
+        for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char*)j->tokens.data + (size_t)ahead * row_bytes + b, 0, 3);
+    }
     for (int64_t k = 0; k < K; k++) {
       int64_t r = s[t * K + k];
-      if (t * K + k + FORWARD_PREFETCH_ROWS < last * K) { /* the rows are scattered over permuted_tokens */
-        int64_t ahead = s[t * K + k + FORWARD_PREFETCH_ROWS];
-        if (ahead < j->rows)
-          for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char*)j->tokens.data + (size_t)ahead * row_bytes + b, 0, 3);
-      }
-      float w = 1.0f;
-      int keep = r < j->rows;
-      if (j->has_probs) {
-        load_f32((const char*)j->probs.data + (size_t)(t * K + k) * ps, j->probs.type, &w, 1);
-        keep = keep && w != 0.0f;
-      }
-      /* acc = r0 * w0 (+ r1 * w1) ...: each product rounded, then added in k order, as the NumPy kernel (w = 1
-       * without probs multiplies exactly; a dropped or zero-weight slot adds 0 * w, which keeps the sign of the
-       * NumPy kernel's zeros and is the same in every lane order) */
-      const char* token_row = (const char*)j->tokens.data + (size_t)r * row_bytes;
-      if (!keep) {
-        float zero = 0.0f * w;
-        for (int64_t i = 0; i < H; i++) acc[i] = k == 0 ? zero : acc[i] + zero;
-        continue;
-      }
-#if defined(__AVX2__)
-      if (j->tokens.type != T_FLOAT) {
-        half_weighted_add(acc, (const uint16_t*)token_row, j->tokens.type, w, k > 0, H);
-        continue;
-      }
-#endif
-      const float* src = (const float*)token_row; /* float32: weight the row where it lies, no copy */
-      if (j->tokens.type != T_FLOAT) {
-        load_f32(token_row, j->tokens.type, row, (size_t)H);
-        src = row;
-      }
-      if (k == 0)
-        for (int64_t i = 0; i < H; i++) acc[i] = src[i] * w;
-      else
-        for (int64_t i = 0; i < H; i++) acc[i] += src[i] * w;
+      w[k] = 1.0f;
+      if (j->has_probs) load_f32((const char*)j->probs.data + (size_t)(t * K + k) * ps, j->probs.type, &w[k], 1);
+      rows[k] = r < j->rows && w[k] != 0.0f ? (const char*)j->tokens.data + (size_t)r * row_bytes : NULL;
     }
     char* out_row = (char*)j->out.data + (size_t)t * row_bytes;
 #if defined(__AVX2__)
-    if (j->tokens.type != T_FLOAT) {
-      store_half_acc(acc, j->tokens.type, (uint16_t*)out_row, H);
-      continue;
+    weighted_rows(rows, w, K, j->tokens.type, out_row, H);
+#else
+    float *acc = w + K, *row = acc + H;
+    for (int64_t i = 0; i < H; i++) acc[i] = 0.0f; /* K = 0: no slot, +0 */
+    for (int64_t k = 0; k < K; k++) {
+      if (!rows[k]) {
+        float zero = 0.0f * w[k];
+        for (int64_t i = 0; i < H; i++) acc[i] = k == 0 ? zero : acc[i] + zero;
+        continue;
+      }
+      const float* src = (const float*)rows[k]; /* float32: weight the row where it lies, no copy */
+      if (j->tokens.type != T_FLOAT) {
+        load_f32(rows[k], j->tokens.type, row, (size_t)H);
+        src = row;
+      }
+      for (int64_t i = 0; i < H; i++) acc[i] = k == 0 ? src[i] * w[k] : acc[i] + src[i] * w[k];
     }
-#endif
-    for (int64_t i = 0; i < H; i++) acc[i] += 0.0f; /* as the NumPy kernel: a lone -0 becomes +0 */
+    for (int64_t i = 0; i < H; i++) acc[i] += 0.0f;
     store_f32(acc, j->tokens.type, out_row, (size_t)H);
+#endif
   }
-  free(acc);
+  free(scratch);
 }
 
 #if defined(__AVX2__)
