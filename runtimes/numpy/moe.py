@@ -45,8 +45,9 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
                         outputs: tuple[np.ndarray | None, ...] | None = None) -> np.ndarray:
     """``out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]]``, summed in k order.
 
-    Slots whose row is ``>= len(permuted_tokens)`` are dropped; with probs, zero weights are
-    skipped (so NaN/Inf in those rows do not propagate), as CANN does.
+    Slots whose row is ``>= len(permuted_tokens)`` are dropped (their weights are not read: a NaN there
+    does not propagate); with probs, zero weights are skipped (so NaN/Inf in those rows do not
+    propagate), as CANN does.
     """
     rows_available, hidden = permuted_tokens.shape
     topk = probs.shape[1] if probs is not None else 1
@@ -72,8 +73,10 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
             every = bool(keep.all())
             taken = take_rows(permuted_tokens, rows if every else np.where(keep, rows, 0), raw[: rows.shape[0]])
             gathered = taken.astype(cdt, copy=False)
-            if not every:
-                np.copyto(gathered, 0, where=~keep[:, :, None])  # before weighting: no inf * 0
+            if not every:      # a skipped slot adds +0: its row and its weight (NaN on a dropped slot, say) are
+                np.copyto(gathered, 0, where=~keep[:, :, None])     # never read, as the reference skips it
+                if probs is not None:
+                    weights[~keep] = 0
             if probs is not None:
                 gathered *= weights[:, :, None]
             total = gathered.sum(axis=1)   # a reduction over a middle axis adds k = 0, 1, ... in order

@@ -3,6 +3,9 @@ fed-shape and data checks with the same messages."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -290,3 +293,45 @@ def test_moe_forward_of_zero_size_tensors_gives_positive_zeros(runtime, dtype, c
     y = np.asarray(geir.run(g, feeds, runtime=runtime)["y"], np.float32)
     assert y.shape == (probs_shape[0], hidden)
     assert not y.any() and not np.signbit(y).any()
+
+
+def _skipped_slots_case(np_dtype) -> tuple[geir.Graph, dict[str, np.ndarray], np.ndarray]:
+    """Two tokens of two slots, each with one dropped slot (row >= R) whose weight is NaN or inf, and a zero
+    weight on a row of infinities: the reference skips all three, so they change nothing."""
+    g = moe_graph(2, 16, 4, (2, 2), "float32" if np_dtype == np.float32 else np.dtype(np_dtype).name)
+    tokens = np.ones((2, 16), np.float32)
+    tokens[1] = np.inf
+    feeds = {"tokens": tokens.astype(np_dtype), "indices": np.array([0, 3, 1, 2], np.int32),
+             "probs": np.array([[0.5, np.nan], [0.0, np.inf]], np.float32).astype(np_dtype)}
+    # token 0: row 0 * 0.5 + row 3 dropped (NaN weight); token 1: row 1 (inf) * 0 skipped + row 2 dropped (inf)
+    return g, feeds, np.array([[0.5] * 16, [0.0] * 16], np.float32)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_moe_forward_never_reads_the_weight_of_a_dropped_slot(runtime, dtype):
+    """Spec 3.3 skips a dropped slot before reading its weight; the kernels added row 0 * weight, so a NaN or
+    inf weight there made the whole output row NaN (while the ONNX bodies gave the reference's result)."""
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    g, feeds, want = _skipped_slots_case(np_dtype)
+    got = np.asarray(geir.run(g, feeds, runtime=runtime)["y"], np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert not np.signbit(got).any()
+
+
+def test_moe_forward_bodies_skip_dropped_slots_too():
+    """The ONNX function bodies (what ONNX Runtime runs without the native library) give the same result."""
+    from native_helpers import run_isolated
+
+    result = run_isolated("""
+        import numpy as np, geir
+        import test_one_contract as case
+        g, feeds, want = case._skipped_slots_case(np.float32)
+        got = geir.run(g, feeds, runtime="onnxruntime")["y"]
+        from geir.runtimes.onnxruntime import native_library
+        print(native_library(), np.array_equal(got, want))
+    """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "None True"

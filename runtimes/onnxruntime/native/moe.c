@@ -56,8 +56,8 @@ static inline void store_32_bytes(void* p, __m256i v, int stream) {
 }
 
 /* One output row of the forward, 16 columns at a time in registers: the weighted rows' products added in k
- * order to an accumulator that never leaves its registers, then + 0 and one rounding, so every element sees the
- * same operations as in the row-at-a-time loop (a NULL row is a dropped or zero-weight slot: it adds 0 * w).
+ * order to an accumulator that never leaves its registers, then + 0 and one rounding (a NULL row is a dropped or
+ * zero-weight slot: it adds +0, as the reference skips it, and its weight is not read).
  * Reading the K rows side by side keeps K sequential streams going. K = 0 gives +0. */
 static void weighted_rows(const char* const* rows, const float* w, int64_t K, int type, char* out, int64_t H) {
   const __m256 zero = _mm256_setzero_ps();
@@ -69,7 +69,7 @@ static void weighted_rows(const char* const* rows, const float* w, int64_t K, in
     for (int64_t k = 0; k < K; k++) {
       __m256 vw = _mm256_set1_ps(w[k]), a, b;
       if (!rows[k]) {
-        a = b = _mm256_set1_ps(0.0f * w[k]);
+        a = b = zero;
       } else if (half) {
         unpack_16((const uint16_t*)rows[k] + i, type, &a, &b);
         a = _mm256_mul_ps(a, vw);
@@ -95,7 +95,7 @@ static void weighted_rows(const char* const* rows, const float* w, int64_t K, in
     for (int64_t k = 0; k < K; k++) {
       float x = 0.0f;
       if (rows[k]) load_f32(rows[k] + (size_t)i * es, type, &x, 1);
-      float product = rows[k] ? x * w[k] : 0.0f * w[k];
+      float product = rows[k] ? x * w[k] : 0.0f;
       acc = k ? acc + product : product;
     }
     acc += 0.0f;
@@ -109,9 +109,9 @@ static void weighted_rows(const char* const* rows, const float* w, int64_t K, in
 #define GRAD_PREFETCH_ROWS 4
 
 /* The forward: out[t] = sum over k of probs[t, k] * permuted_tokens[s[t*K + k]], each product rounded, then added
- * in k order, as the NumPy kernel (w = 1 without probs multiplies exactly; a dropped or zero-weight slot adds
- * 0 * w, which keeps the sign of the NumPy kernel's zeros and is the same in every lane order); then + 0 (a lone
- * -0 becomes +0) and one rounding. The next token's rows, scattered over permuted_tokens, are fetched ahead. */
+ * in k order, as the NumPy kernel (w = 1 without probs multiplies exactly; a dropped or zero-weight slot adds +0,
+ * which with the final + 0 is the reference's skip: neither its row nor its weight reaches the sum); then + 0 (a
+ * lone -0 becomes +0) and one rounding. The next token's rows, scattered over permuted_tokens, are fetched ahead. */
 static void moe_forward_task(void* user, size_t task) {
   MoeJob* j = (MoeJob*)user;
   int64_t H = j->hidden, K = j->topk;
@@ -149,9 +149,8 @@ static void moe_forward_task(void* user, size_t task) {
     float *acc = w + K, *row = acc + H;
     for (int64_t i = 0; i < H; i++) acc[i] = 0.0f; /* K = 0: no slot, +0 */
     for (int64_t k = 0; k < K; k++) {
-      if (!rows[k]) {
-        float zero = 0.0f * w[k];
-        for (int64_t i = 0; i < H; i++) acc[i] = k == 0 ? zero : acc[i] + zero;
+      if (!rows[k]) { /* a skipped slot adds +0 */
+        for (int64_t i = 0; i < H; i++) acc[i] = k == 0 ? 0.0f : acc[i] + 0.0f;
         continue;
       }
       const float* src = (const float*)rows[k]; /* float32: weight the row where it lies, no copy */
