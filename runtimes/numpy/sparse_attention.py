@@ -203,14 +203,22 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
             m = scores.max(axis=-1)
             if sink is not None:
                 m = np.maximum(m, sink)
-            m = np.where(np.isfinite(m), m, 0)            # rows with no key and no sink
-            np.subtract(scores, m[..., None], out=scores)
+            # a row without a key has the spec's own values (out 0; max the sink or 0, sum 1 or 0); every other
+            # row follows the formula in IEEE arithmetic, an infinite or NaN maximum included
+            empty = ~valid.any(axis=-1)[:, :, None] if masked is not None else None
+            if empty is not None and not empty.any():
+                empty = None
+            shift = m if empty is None else np.where(empty, 0, m)
+            np.subtract(scores, shift[..., None], out=scores)
             np.exp(scores, out=scores)
             total = scores.sum(axis=-1)
             if sink is not None:
-                total += np.exp(sink - m)
-            scores /= np.where(total > 0, total, 1)[..., None]
+                total += np.exp(sink - shift)
+            scores /= (total if empty is None else np.where(empty, 1, total))[..., None]
             out[qi] = np.matmul(p.rnd_in_place(scores), values)
+            if empty is not None:
+                m = np.where(empty, 0 if sink is None else sink, m)
+                total = np.where(empty, 0 if sink is None else 1, total)
             row_max[qi], row_sum[qi] = m, total
 
     parallel_for(run, p.blocks(np.flatnonzero(computed)))

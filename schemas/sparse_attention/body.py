@@ -189,16 +189,25 @@ def sfa_forward(b: Body, spec: LoweringSpec) -> None:
     rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False, kv)
     values = b.op("Gather", _table(b, spec, ("value",), kv), flat, axis=0)            # (rows, N2, Lp, D2)
     row_max = b.op("ReduceMax", masked, b.ints(3), keepdims=1)
+    nan_seen = b.op("ReduceMax", b.to_float(b.op("IsNaN", masked)), b.ints(3), keepdims=1)
     if spec.has("sinks"):
         sinks = b.reshape(b.to_float("sinks"), 1, kv_heads, group, 1)
         row_max = b.op("Max", row_max, sinks)
-    zero = b.f32(0.0)
-    row_max = b.where(b.op("IsInf", row_max), zero, row_max)                          # rows with no key and no sink
-    e = b.op("Exp", b.op("Sub", masked, row_max))
+        nan_seen = b.op("Max", nan_seen, b.to_float(b.op("IsNaN", sinks)))
+    # NumPy's max (the spec's) returns NaN when a score or the sink is NaN; ONNX Runtime's ReduceMax / Max skip it
+    row_max = b.where(b.op("Greater", nan_seen, b.f32(0.5)), b.f32(np.nan), row_max)
+    zero, one = b.f32(0.0), b.f32(1.0)
+    # a row without a key has the spec's own values (out 0, max the sink or 0, sum 1 or 0); every other row
+    # follows the formula in IEEE arithmetic, an infinite or NaN maximum included
+    empty = b.op("Less", b.op("ReduceMax", b.to_float(mask), b.ints(3), keepdims=1), b.f32(0.5))
+    shift = b.where(empty, zero, row_max)
+    e = b.op("Exp", b.op("Sub", masked, shift))
     total = b.sum(e, 3, keepdims=1)
     if spec.has("sinks"):
-        total = b.op("Add", total, b.op("Exp", b.op("Sub", sinks, row_max)))
-    probs = b.op("Div", e, b.where(b.op("Greater", total, zero), total, b.f32(1.0)))
+        total = b.op("Add", total, b.op("Exp", b.op("Sub", sinks, shift)))
+    probs = b.op("Div", e, b.where(empty, one, total))
+    row_max = b.where(empty, sinks if spec.has("sinks") else zero, row_max)
+    total = b.where(empty, one if spec.has("sinks") else zero, total)
     out = b.op("MatMul", b.round_trip(probs, "query"), values)                        # (rows, N2, G, D2)
     computed = rows.active if spec.attr("sparse_mode") == 0 else b.op(
         "And", rows.active, b.op("Greater", rows.threshold, b.ints(0)))
@@ -234,9 +243,11 @@ def sfa_grad(b: Body, spec: LoweringSpec) -> None:
 
     zero = b.f32(0.0)
     with_max = b.op("Exp", b.op("Sub", masked, to_rows("softmax_max")))
-    stats_sum = to_rows("softmax_sum")
-    safe_sum = b.where(b.op("Greater", stats_sum, zero), stats_sum, b.f32(1.0))   # rows not read: no 0/0
-    probs = b.where(mask, b.op("Div", with_max, safe_sum), zero)
+    # P = exp(scale S - max) / sum in IEEE arithmetic, as the spec: a NaN or zero sum of a row that reads keys is
+    # not hidden; a row that reads none divides by 1 (its P is 0 either way, and 0 / 0 would only raise warnings
+    # in evaluators such as onnx.reference)
+    reads = b.op("Greater", b.op("ReduceMax", b.to_float(mask), b.ints(3), keepdims=1), b.f32(0.5))
+    probs = b.where(mask, b.op("Div", with_max, b.where(reads, to_rows("softmax_sum"), b.f32(1.0))), zero)
     grad_out = b.reshape(b.to_float("d_out"), rows.rows_total, kv_heads, group, d2)
     out = b.reshape(b.to_float("out"), rows.rows_total, kv_heads, group, d2)
     d_p = b.op("MatMul", grad_out, b.op("Transpose", values, perm=[0, 1, 3, 2]))

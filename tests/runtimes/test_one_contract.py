@@ -12,7 +12,7 @@ import pytest
 import geir
 from geir import ExecutionError
 from geir.runtimes import runtime_names
-from helpers import ROPE_GRAD, moe_graph
+from helpers import ROPE_GRAD, moe_graph, sfa_graph
 
 RUNTIMES = runtime_names()
 
@@ -335,3 +335,154 @@ def test_moe_forward_bodies_skip_dropped_slots_too():
     """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "None True"
+
+
+def _special_attention_case(dtype: str, inject: str):
+    """A small forward whose inputs hold one kind of non-finite value (or none), with one row that selects no key."""
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(7)
+    query = rng.uniform(-1, 1, (1, 4, 2, 8)).astype(np.float32)
+    key = rng.uniform(-1, 1, (1, 8, 1, 8)).astype(np.float32)
+    value = rng.uniform(-1, 1, (1, 8, 1, 8)).astype(np.float32)
+    sinks = np.array([0.25, -0.5], np.float32)
+    indices = np.array([[0, 3, 5], [-1, -1, -1], [1, 2, -1], [4, 6, 7]], np.int32).reshape(1, 4, 1, 3)
+    if inject == "inf_sink":
+        sinks[0] = np.inf
+    elif inject == "nan_key":
+        key[0, 3, 0, 2] = np.nan                 # selected by row 0 only
+    elif inject == "inf_key":
+        key[0, 6, 0, 1] = np.inf                 # row 3: a score of +inf or -inf per head
+    elif inject == "neg_inf_query":
+        query[0, 2, 1, :] = -np.inf              # row 2, head 1: every score infinite or NaN
+    feeds = {"query": query.astype(np_dtype), "key": key.astype(np_dtype), "value": value.astype(np_dtype),
+             "sparse_indices": indices, "sinks": sinks}
+    return feeds, dict(scale_value=0.35, sparse_mode=0, return_softmax_lse=True)
+
+
+SPECIAL_ATTENTION = ["finite", "inf_sink", "nan_key", "inf_key", "neg_inf_query"]
+
+
+def _assert_like_the_reference(got: dict, feeds: dict, attrs: dict, dtype: str) -> None:
+    """NaN and infinities where the spec's formula (IEEE, float64 oracle) has them; finite values close to it."""
+    from oracles.sfa import forward_reference
+
+    with np.errstate(all="ignore"):                      # inf - inf is the point here
+        want = forward_reference(feeds["query"], feeds["key"], feeds["value"], feeds["sparse_indices"],
+                                 scale=np.float32(attrs["scale_value"]), mode=attrs["sparse_mode"],
+                                 sinks=feeds["sinks"], round_to=np.dtype(feeds["query"].dtype))
+    for name, reference in zip(("attention_out", "softmax_max", "softmax_sum"), want):
+        value = np.asarray(got[name], np.float64)
+        reference = np.asarray(reference, np.float64)
+        np.testing.assert_array_equal(np.isnan(value), np.isnan(reference), err_msg=name)
+        np.testing.assert_array_equal(np.isposinf(value), np.isposinf(reference), err_msg=name)
+        np.testing.assert_array_equal(np.isneginf(value), np.isneginf(reference), err_msg=name)
+        finite = np.isfinite(reference)
+        np.testing.assert_allclose(value[finite], reference[finite], rtol=2e-2, atol=2e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("inject", SPECIAL_ATTENTION)
+def test_attention_non_finite_values_follow_the_spec_formula(runtime, dtype, inject):
+    """An infinite or NaN row maximum goes through the formula in IEEE arithmetic (spec 1: NaN/Inf follow IEEE): the
+    kernels used to replace it by 0, so an infinite sink gave out 0 and sum inf where the formula gives NaN, and a
+    row without a key and an infinite sink differed between the NumPy and native kernels."""
+    feeds, attrs = _special_attention_case(dtype, inject)
+    g, feeds = sfa_graph(feeds, **attrs)
+    _assert_like_the_reference(geir.run(g, feeds, runtime=runtime), feeds, attrs, dtype)
+
+
+def test_attention_bodies_follow_the_spec_formula_on_non_finite_values():
+    """The same cases through ONNX Runtime's function bodies (no native library)."""
+    from native_helpers import run_isolated
+
+    result = run_isolated("""
+        import geir
+        import test_one_contract as case
+        from helpers import sfa_graph
+        from geir.runtimes.onnxruntime import native_library
+        for dtype in ("float16", "bfloat16"):
+            for inject in case.SPECIAL_ATTENTION:
+                feeds, attrs = case._special_attention_case(dtype, inject)
+                g, feeds = sfa_graph(feeds, **attrs)
+                case._assert_like_the_reference(geir.run(g, feeds, runtime="onnxruntime"), feeds, attrs, dtype)
+        print(native_library(), "ok")
+    """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "None ok"
+
+
+GRAD_STATS = ["as_computed", "nan_sum", "inf_max", "zero_sum"]
+
+
+def _special_grad_case(dtype: str, stats: str):
+    """The finite forward case's grad, with one read row's statistics replaced by a non-finite or zero value."""
+    from oracles.sfa import forward_reference
+
+    feeds, attrs = _special_attention_case(dtype, "finite")
+    del feeds["sinks"]
+    with np.errstate(all="ignore"):
+        out, mx, sm = forward_reference(feeds["query"], feeds["key"], feeds["value"], feeds["sparse_indices"],
+                                        scale=np.float32(attrs["scale_value"]), mode=0,
+                                        round_to=np.dtype(feeds["query"].dtype))
+    mx, sm = mx.astype(np.float32), sm.astype(np.float32)
+    if stats == "nan_sum":
+        sm[0, 0, 2, 1] = np.nan
+    elif stats == "inf_max":
+        mx[0, 0, 3, 0] = np.inf
+    elif stats == "zero_sum":
+        sm[0, 0, 0, 0] = 0.0
+    d_out = np.random.default_rng(3).uniform(-1, 1, out.shape).astype(feeds["query"].dtype)
+    grad = {"query": feeds["query"], "key": feeds["key"], "sparse_indices": feeds["sparse_indices"], "d_out": d_out,
+            "out": out.astype(feeds["query"].dtype), "softmax_max": mx, "softmax_sum": sm, "value": feeds["value"]}
+    return grad, {"scale_value": attrs["scale_value"], "sparse_mode": 0}
+
+
+def _assert_grad_like_the_reference(got: dict, feeds: dict, attrs: dict) -> None:
+    from oracles.sfa import grad_reference
+
+    with np.errstate(all="ignore"):
+        want = grad_reference(feeds["query"], feeds["key"], feeds["sparse_indices"], feeds["d_out"], feeds["out"],
+                              feeds["softmax_max"], feeds["softmax_sum"], scale=np.float32(attrs["scale_value"]),
+                              value=feeds["value"], mode=0, round_to=np.dtype(feeds["query"].dtype))
+    for name, reference in zip(("d_query", "d_key", "d_value"), want):
+        value = np.asarray(got[name], np.float64)
+        reference = np.asarray(reference, np.float64)
+        np.testing.assert_array_equal(np.isnan(value), np.isnan(reference), err_msg=name)
+        np.testing.assert_array_equal(np.isinf(value), np.isinf(reference), err_msg=name)
+        finite = np.isfinite(reference)
+        np.testing.assert_allclose(value[finite], reference[finite], rtol=3e-2, atol=3e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("stats", GRAD_STATS)
+def test_attention_grad_takes_the_statistics_as_they_are(runtime, dtype, stats):
+    """The grad divides by the fed softmax_sum and subtracts the fed softmax_max in IEEE arithmetic on every
+    runtime (the ONNX body used to replace a sum that is not > 0 by 1, hiding a NaN or zero sum of a read row)."""
+    from helpers import SFA_GRAD
+
+    feeds, attrs = _special_grad_case(dtype, stats)
+    g, feeds = sfa_graph(feeds, op=SFA_GRAD, **attrs)
+    _assert_grad_like_the_reference(geir.run(g, feeds, runtime=runtime), feeds, attrs)
+
+
+def test_attention_grad_bodies_take_the_statistics_as_they_are():
+    from native_helpers import run_isolated
+
+    result = run_isolated("""
+        import geir
+        import test_one_contract as case
+        from helpers import SFA_GRAD, sfa_graph
+        from geir.runtimes.onnxruntime import native_library
+        for dtype in ("float16", "bfloat16"):
+            for stats in case.GRAD_STATS:
+                feeds, attrs = case._special_grad_case(dtype, stats)
+                g, feeds = sfa_graph(feeds, op=SFA_GRAD, **attrs)
+                case._assert_grad_like_the_reference(geir.run(g, feeds, runtime="onnxruntime"), feeds, attrs)
+        print(native_library(), "ok")
+    """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "None ok"

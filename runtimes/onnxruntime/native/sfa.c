@@ -57,8 +57,9 @@ static void point_rows(const float** rows, const float* base, int64_t n, int64_t
 
 /* ---- forward ----------------------------------------------------------------------------------------- */
 
-/* Scores (n rows of gp heads) -> P rounded to the input dtype, in place; m and total get each head's max
- * (with its sink) and sum of exponentials (with the sink's). Rows are whole vectors: the padded heads
+/* Scores (n > 0 keys, rows of gp heads) -> P rounded to the input dtype, in place; m and total get each head's
+ * max (with its sink) and sum of exponentials (with the sink's), in IEEE arithmetic as the spec's formula: an
+ * infinite or NaN maximum gives NaN probabilities, as it does there. Rows are whole vectors: the padded heads
  * compute harmless values that no product reads. */
 static void softmax_rows(const SfaPlan* p, float* st, int64_t n, const float* sinks, float* m, float* total) {
   int64_t g = p->g, gp = p->gp;
@@ -70,9 +71,9 @@ static void softmax_rows(const SfaPlan* p, float* st, int64_t n, const float* si
       vf_store(st + i * gp + h, x);
       vf_store(m + h, vf_select((x > best) | (x != x), x, best)); /* NaN propagates, as NumPy's max */
     }
-  for (int64_t h = 0; h < gp; h++) {
+  for (int64_t h = 0; h < gp; h++) { /* a real head's maximum is used as it is, infinite or NaN (IEEE, as the spec) */
     if (h < g && sinks && (sinks[h] > m[h] || sinks[h] != sinks[h])) m[h] = sinks[h];
-    if (h >= g || !isfinite(m[h])) m[h] = 0.0f;
+    if (h >= g) m[h] = 0.0f;
     total[h] = 0.0f;
   }
   for (int64_t i = 0; i < n; i++)
@@ -84,7 +85,7 @@ static void softmax_rows(const SfaPlan* p, float* st, int64_t n, const float* si
   float divisor[gp];
   for (int64_t h = 0; h < gp; h++) {
     if (h < g && sinks) total[h] += vf_exp(vf_splat(sinks[h] - m[h]))[0];
-    divisor[h] = h < g && total[h] > 0.0f ? total[h] : 1.0f;
+    divisor[h] = h < g ? total[h] : 1.0f; /* n > 0 keys: the sum is >= 1 unless the maximum is not finite */
   }
   for (int64_t i = 0; i < n; i++) /* P, rounded to the input dtype before P V */
     for (int64_t h = 0; h < gp; h += GEIR_VEC)
