@@ -195,6 +195,8 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
         for qi in chunk:
             _, valid, queries, keys, values = p.gather(qi, scratch)
             masked = ~valid[:, :, None, :] if not valid.all() else None    # most blocks see K keys per row
+            if masked is not None:     # positions not read hold clamped stand-in rows: 0, so P = 0 there adds 0
+                values[~valid] = 0                                          # (not 0 * NaN) to the output
             scores = np.matmul(queries, keys.swapaxes(-1, -2), out=scratch.array("scores", queries.shape[:-1] + (
                 keys.shape[-2],), p.cdt))                      # scores, then exponentials, then P, in place
             scores *= p.scale
@@ -332,6 +334,11 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
         dense, scratch = _DenseSpan(p.cdt), _Scratch()
         for qi in chunk:
             kv, valid, queries, keys, values = p.gather(qi, scratch)
+            if not valid.all():        # positions not read hold clamped stand-in rows: 0, so no 0 * NaN reaches dQ
+                unread = ~valid
+                keys[unread] = 0
+                if values is not None:
+                    values[unread] = 0
             if values is None:                                  # KV merge: V = key[..., :D2]
                 values = keys[..., :d2]
             nq = qi.size
@@ -360,7 +367,8 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
             if not valid.any():
                 continue
             lo, hi = int(kv[valid].min()), int(kv[valid].max()) + 1
-            if (hi - lo) * g <= DENSE_SPAN_RATIO * lp:
+            # the dense span multiplies every query row by 0 at the keys it does not read: only for finite rows
+            if (hi - lo) * g <= DENSE_SPAN_RATIO * lp and np.isfinite(queries).all() and np.isfinite(d_o).all():
                 dense.accumulate(acc, kv, valid, lo, hi, [(p.scale * d_s, queries), (probs, d_o)])
             else:
                 both = scratch.array("dkv", kv.shape + (dq + d2,), p.cdt)        # (nq, N2, Lp, Dq + D2)

@@ -160,12 +160,19 @@ def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...], kv: dict[str, st
     return b.reshape(joined, -1, b.dim(joined, -1))
 
 
+def _only_valid(b: Body, gathered: str, valid: str) -> str:
+    """Gathered rows (rows, N2, Lp, .) with 0 at the candidate positions a row does not read: those hold clamped
+    stand-in rows, whose NaN or inf would otherwise reach a product through a 0 weight (0 * inf is NaN)."""
+    return b.where(b.unsqueeze(valid, 3), gathered, b.f32(0.0))
+
+
 def _common(b: Body, spec: LoweringSpec, layout: str, is_grad: bool, kv: dict[str, str] = _DENSE_KV):
     rows = _Rows(b, spec, layout, honor_bsnd_lengths=not is_grad, kv=kv)
     flat, valid, span, _ = rows.candidates()
     kv_heads = b.dim("key", -2)
     group = b.op("Div", b.dim("query", -2), kv_heads)
     keys = b.op("Gather", _table(b, spec, ("key", "key_rope"), kv), flat, axis=0)       # (rows, N2, Lp, Dq)
+    keys = _only_valid(b, keys, valid)
     queries = _table(b, spec, ("query", "query_rope"))
     queries = b.reshape(queries, rows.rows_total, kv_heads, group, b.dim(queries, -1))  # (rows, N2, G, Dq)
     scale = b.attr_float("scale_value")
@@ -187,7 +194,7 @@ def sfa_forward(b: Body, spec: LoweringSpec) -> None:
     layout = spec.attr("layout_query")
     kv = _paged_kv(b, spec, layout) if spec.attr("layout_kv") == PAGED else _DENSE_KV
     rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False, kv)
-    values = b.op("Gather", _table(b, spec, ("value",), kv), flat, axis=0)            # (rows, N2, Lp, D2)
+    values = _only_valid(b, b.op("Gather", _table(b, spec, ("value",), kv), flat, axis=0), valid)  # (rows, N2, Lp, D2)
     row_max = b.op("ReduceMax", masked, b.ints(3), keepdims=1)
     nan_seen = b.op("ReduceMax", b.to_float(b.op("IsNaN", masked)), b.ints(3), keepdims=1)
     if spec.has("sinks"):
@@ -230,7 +237,7 @@ def sfa_grad(b: Body, spec: LoweringSpec) -> None:
     layout = spec.attr("layout")
     rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, True)
     d2 = b.dim("d_out", -1)
-    values = (b.op("Gather", _table(b, spec, ("value",)), flat, axis=0) if spec.has("value")
+    values = (_only_valid(b, b.op("Gather", _table(b, spec, ("value",)), flat, axis=0), valid) if spec.has("value")
               else b.slice(keys, b.ints(0), d2, 3))                                   # KV merge: V = key[..., :D2]
 
     def to_rows(name: str) -> str:

@@ -356,12 +356,14 @@ def _special_attention_case(dtype: str, inject: str):
         key[0, 6, 0, 1] = np.inf                 # row 3: a score of +inf or -inf per head
     elif inject == "neg_inf_query":
         query[0, 2, 1, :] = -np.inf              # row 2, head 1: every score infinite or NaN
+    elif inject == "nan_unread_value":
+        value[0, 0, 0, 1] = np.nan               # read by row 0 only; padded candidates elsewhere clamp to row 0
     feeds = {"query": query.astype(np_dtype), "key": key.astype(np_dtype), "value": value.astype(np_dtype),
              "sparse_indices": indices, "sinks": sinks}
     return feeds, dict(scale_value=0.35, sparse_mode=0, return_softmax_lse=True)
 
 
-SPECIAL_ATTENTION = ["finite", "inf_sink", "nan_key", "inf_key", "neg_inf_query"]
+SPECIAL_ATTENTION = ["finite", "inf_sink", "nan_key", "inf_key", "neg_inf_query", "nan_unread_value"]
 
 
 def _assert_like_the_reference(got: dict, feeds: dict, attrs: dict, dtype: str) -> None:
@@ -414,11 +416,15 @@ def test_attention_bodies_follow_the_spec_formula_on_non_finite_values():
     assert result.stdout.strip() == "None ok"
 
 
-GRAD_STATS = ["as_computed", "nan_sum", "inf_max", "zero_sum"]
+GRAD_STATS = ["as_computed", "nan_sum", "inf_max", "zero_sum", "nan_unread_key", "inf_value", "inf_query", "inf_d_out"]
+BODY_DENSE_SUM = {"inf_query", "inf_d_out"}
+"""Cases the ONNX grad body cannot follow: it sums dK / dV with a dense matrix product (ONNX has no race-free
+scatter-add), so a row's non-finite query or d_out value meets the 0 weight of every key it does not read."""
 
 
 def _special_grad_case(dtype: str, stats: str):
-    """The finite forward case's grad, with one read row's statistics replaced by a non-finite or zero value."""
+    """The finite forward case's grad, with one row's statistics replaced by a non-finite or zero value, or one input
+    value made non-finite after the forward (the grad must carry it exactly where the spec's loops do)."""
     from oracles.sfa import forward_reference
 
     feeds, attrs = _special_attention_case(dtype, "finite")
@@ -434,7 +440,15 @@ def _special_grad_case(dtype: str, stats: str):
         mx[0, 0, 3, 0] = np.inf
     elif stats == "zero_sum":
         sm[0, 0, 0, 0] = 0.0
+    elif stats == "nan_unread_key":
+        feeds["key"][0, 0, 0, 1] = np.nan        # read by row 0 only: no other row's dQ may see it
+    elif stats == "inf_value":
+        feeds["value"][0, 1, 0, 0] = np.inf
+    elif stats == "inf_query":
+        feeds["query"][0, 2, 1, 3] = np.inf      # row 2 reads keys 1 and 2 only
     d_out = np.random.default_rng(3).uniform(-1, 1, out.shape).astype(feeds["query"].dtype)
+    if stats == "inf_d_out":
+        d_out[0, 0, 0, 2] = np.inf
     grad = {"query": feeds["query"], "key": feeds["key"], "sparse_indices": feeds["sparse_indices"], "d_out": d_out,
             "out": out.astype(feeds["query"].dtype), "softmax_max": mx, "softmax_sum": sm, "value": feeds["value"]}
     return grad, {"scale_value": attrs["scale_value"], "sparse_mode": 0}
@@ -461,7 +475,9 @@ def _assert_grad_like_the_reference(got: dict, feeds: dict, attrs: dict) -> None
 @pytest.mark.parametrize("stats", GRAD_STATS)
 def test_attention_grad_takes_the_statistics_as_they_are(runtime, dtype, stats):
     """The grad divides by the fed softmax_sum and subtracts the fed softmax_max in IEEE arithmetic on every
-    runtime (the ONNX body used to replace a sum that is not > 0 by 1, hiding a NaN or zero sum of a read row)."""
+    runtime (the ONNX body used to replace a sum that is not > 0 by 1, hiding a NaN or zero sum of a read row), and
+    a non-finite input reaches only what the spec's loops reach (the NumPy kernel's clamped stand-in keys and its
+    dense dK/dV span used to carry 0 * inf = NaN to keys and rows that never read it)."""
     from helpers import SFA_GRAD
 
     feeds, attrs = _special_grad_case(dtype, stats)
@@ -478,7 +494,7 @@ def test_attention_grad_bodies_take_the_statistics_as_they_are():
         from helpers import SFA_GRAD, sfa_graph
         from geir.runtimes.onnxruntime import native_library
         for dtype in ("float16", "bfloat16"):
-            for stats in case.GRAD_STATS:
+            for stats in set(case.GRAD_STATS) - case.BODY_DENSE_SUM:
                 feeds, attrs = case._special_grad_case(dtype, stats)
                 g, feeds = sfa_graph(feeds, op=SFA_GRAD, **attrs)
                 case._assert_grad_like_the_reference(geir.run(g, feeds, runtime="onnxruntime"), feeds, attrs)
