@@ -57,7 +57,7 @@ static inline void store_32_bytes(void* p, __m256i v, int stream) {
 
 /* One output row of the forward, 16 columns at a time in registers: the weighted rows' products added in k
  * order to an accumulator that never leaves its registers, then + 0 and one rounding (a NULL row is a dropped or
- * zero-weight slot: it adds +0, as the reference skips it, and its weight is not read).
+ * zero-weight slot: it adds +0, as the reference skips it, and its weight is not used).
  * Reading the K rows side by side keeps K sequential streams going. K = 0 gives +0. */
 static void weighted_rows(const char* const* rows, const float* w, int64_t K, int type, char* out, int64_t H) {
   const __m256 zero = _mm256_setzero_ps();
