@@ -323,18 +323,15 @@ def test_moe_forward_never_reads_the_weight_of_a_dropped_slot(runtime, dtype):
 
 def test_moe_forward_bodies_skip_dropped_slots_too():
     """The ONNX function bodies (what ONNX Runtime runs without the native library) give the same result."""
-    from native_helpers import run_isolated
-
-    result = run_isolated("""
+    printed = _on_the_bodies("""
         import numpy as np, geir
         import test_one_contract as case
         g, feeds, want = case._skipped_slots_case(np.float32)
         got = geir.run(g, feeds, runtime="onnxruntime")["y"]
         from geir.runtimes.onnxruntime import native_library
         print(native_library(), np.array_equal(got, want))
-    """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "None True"
+    """)
+    assert printed == "None True"
 
 
 def _special_attention_case(dtype: str, inject: str):
@@ -374,14 +371,29 @@ def _assert_like_the_reference(got: dict, feeds: dict, attrs: dict, dtype: str) 
         want = forward_reference(feeds["query"], feeds["key"], feeds["value"], feeds["sparse_indices"],
                                  scale=np.float32(attrs["scale_value"]), mode=attrs["sparse_mode"],
                                  sinks=feeds["sinks"], round_to=np.dtype(feeds["query"].dtype))
-    for name, reference in zip(("attention_out", "softmax_max", "softmax_sum"), want):
+    _assert_like(got, ("attention_out", "softmax_max", "softmax_sum"), want, 2e-2)
+
+
+def _assert_like(got: dict, names: tuple[str, ...], want, tolerance: float) -> None:
+    """NaN, +inf and -inf exactly where the reference has them; finite values within ``tolerance``."""
+    for name, reference in zip(names, want):
         value = np.asarray(got[name], np.float64)
         reference = np.asarray(reference, np.float64)
-        np.testing.assert_array_equal(np.isnan(value), np.isnan(reference), err_msg=name)
-        np.testing.assert_array_equal(np.isposinf(value), np.isposinf(reference), err_msg=name)
-        np.testing.assert_array_equal(np.isneginf(value), np.isneginf(reference), err_msg=name)
+        for kind in (np.isnan, np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(kind(value), kind(reference), err_msg=f"{name}: {kind.__name__}")
         finite = np.isfinite(reference)
-        np.testing.assert_allclose(value[finite], reference[finite], rtol=2e-2, atol=2e-2, err_msg=name)
+        np.testing.assert_allclose(value[finite], reference[finite], rtol=tolerance, atol=tolerance, err_msg=name)
+
+
+def _on_the_bodies(code: str) -> str:
+    """Run ``code`` in a fresh interpreter whose ONNX Runtime has no native library (its function bodies run), with
+    this folder and tests/ importable; return what it printed."""
+    from native_helpers import run_isolated
+
+    here = Path(__file__).parent
+    result = run_isolated(code, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -398,9 +410,7 @@ def test_attention_non_finite_values_follow_the_spec_formula(runtime, dtype, inj
 
 def test_attention_bodies_follow_the_spec_formula_on_non_finite_values():
     """The same cases through ONNX Runtime's function bodies (no native library)."""
-    from native_helpers import run_isolated
-
-    result = run_isolated("""
+    printed = _on_the_bodies("""
         import geir
         import test_one_contract as case
         from helpers import sfa_graph
@@ -411,9 +421,8 @@ def test_attention_bodies_follow_the_spec_formula_on_non_finite_values():
                 g, feeds = sfa_graph(feeds, **attrs)
                 case._assert_like_the_reference(geir.run(g, feeds, runtime="onnxruntime"), feeds, attrs, dtype)
         print(native_library(), "ok")
-    """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "None ok"
+    """)
+    assert printed == "None ok"
 
 
 GRAD_STATS = ["as_computed", "nan_sum", "inf_max", "zero_sum", "nan_unread_key", "inf_value", "inf_query", "inf_d_out"]
@@ -461,13 +470,7 @@ def _assert_grad_like_the_reference(got: dict, feeds: dict, attrs: dict) -> None
         want = grad_reference(feeds["query"], feeds["key"], feeds["sparse_indices"], feeds["d_out"], feeds["out"],
                               feeds["softmax_max"], feeds["softmax_sum"], scale=np.float32(attrs["scale_value"]),
                               value=feeds["value"], mode=0, round_to=np.dtype(feeds["query"].dtype))
-    for name, reference in zip(("d_query", "d_key", "d_value"), want):
-        value = np.asarray(got[name], np.float64)
-        reference = np.asarray(reference, np.float64)
-        np.testing.assert_array_equal(np.isnan(value), np.isnan(reference), err_msg=name)
-        np.testing.assert_array_equal(np.isinf(value), np.isinf(reference), err_msg=name)
-        finite = np.isfinite(reference)
-        np.testing.assert_allclose(value[finite], reference[finite], rtol=3e-2, atol=3e-2, err_msg=name)
+    _assert_like(got, ("d_query", "d_key", "d_value"), want, 3e-2)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -486,9 +489,7 @@ def test_attention_grad_takes_the_statistics_as_they_are(runtime, dtype, stats):
 
 
 def test_attention_grad_bodies_take_the_statistics_as_they_are():
-    from native_helpers import run_isolated
-
-    result = run_isolated("""
+    printed = _on_the_bodies("""
         import geir
         import test_one_contract as case
         from helpers import SFA_GRAD, sfa_graph
@@ -499,6 +500,5 @@ def test_attention_grad_bodies_take_the_statistics_as_they_are():
                 g, feeds = sfa_graph(feeds, op=SFA_GRAD, **attrs)
                 case._assert_grad_like_the_reference(geir.run(g, feeds, runtime="onnxruntime"), feeds, attrs)
         print(native_library(), "ok")
-    """, env={"GEIR_NATIVE": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "None ok"
+    """)
+    assert printed == "None ok"
