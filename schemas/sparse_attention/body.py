@@ -160,6 +160,11 @@ def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...], kv: dict[str, st
     return b.reshape(joined, -1, b.dim(joined, -1))
 
 
+def _any_key(b: Body, flags: str) -> str:
+    """Whether any of the boolean ``flags`` (rows, N2, ., Lp) is set along the key axis, kept as an axis of 1."""
+    return b.op("Greater", b.op("ReduceMax", b.to_float(flags), b.ints(3), keepdims=1), b.f32(0.5))
+
+
 def _only_valid(b: Body, gathered: str, valid: str) -> str:
     """Gathered rows (rows, N2, Lp, .) with 0 at the candidate positions a row does not read: those hold clamped
     stand-in rows, whose NaN or inf would otherwise reach a product through a 0 weight (0 * inf is NaN)."""
@@ -196,17 +201,17 @@ def sfa_forward(b: Body, spec: LoweringSpec) -> None:
     rows, flat, valid, mask, keys, queries, scale, masked, kv_heads, group = _common(b, spec, layout, False, kv)
     values = _only_valid(b, b.op("Gather", _table(b, spec, ("value",), kv), flat, axis=0), valid)  # (rows, N2, Lp, D2)
     row_max = b.op("ReduceMax", masked, b.ints(3), keepdims=1)
-    nan_seen = b.op("ReduceMax", b.to_float(b.op("IsNaN", masked)), b.ints(3), keepdims=1)
+    nan_seen = _any_key(b, b.op("IsNaN", masked))
     if spec.has("sinks"):
         sinks = b.reshape(b.to_float("sinks"), 1, kv_heads, group, 1)
         row_max = b.op("Max", row_max, sinks)
-        nan_seen = b.op("Max", nan_seen, b.to_float(b.op("IsNaN", sinks)))
+        nan_seen = b.op("Or", nan_seen, b.op("IsNaN", sinks))
     # NumPy's max (the spec's) returns NaN when a score or the sink is NaN; ONNX Runtime's ReduceMax / Max skip it
-    row_max = b.where(b.op("Greater", nan_seen, b.f32(0.5)), b.f32(np.nan), row_max)
+    row_max = b.where(nan_seen, b.f32(np.nan), row_max)
     zero, one = b.f32(0.0), b.f32(1.0)
     # a row without a key has the spec's own values (out 0, max the sink or 0, sum 1 or 0); every other row
     # follows the formula in IEEE arithmetic, an infinite or NaN maximum included
-    empty = b.op("Less", b.op("ReduceMax", b.to_float(mask), b.ints(3), keepdims=1), b.f32(0.5))
+    empty = b.op("Not", _any_key(b, mask))
     shift = b.where(empty, zero, row_max)
     e = b.op("Exp", b.op("Sub", masked, shift))
     total = b.sum(e, 3, keepdims=1)
@@ -253,8 +258,7 @@ def sfa_grad(b: Body, spec: LoweringSpec) -> None:
     # P = exp(scale S - max) / sum in IEEE arithmetic, as the spec: a NaN or zero sum of a row that reads keys is
     # not hidden; a row that reads none divides by 1 (its P is 0 either way, and 0 / 0 would only raise warnings
     # in evaluators such as onnx.reference)
-    reads = b.op("Greater", b.op("ReduceMax", b.to_float(mask), b.ints(3), keepdims=1), b.f32(0.5))
-    probs = b.where(mask, b.op("Div", with_max, b.where(reads, to_rows("softmax_sum"), b.f32(1.0))), zero)
+    probs = b.where(mask, b.op("Div", with_max, b.where(_any_key(b, mask), to_rows("softmax_sum"), b.f32(1.0))), zero)
     grad_out = b.reshape(b.to_float("d_out"), rows.rows_total, kv_heads, group, d2)
     out = b.reshape(b.to_float("out"), rows.rows_total, kv_heads, group, d2)
     d_p = b.op("MatMul", grad_out, b.op("Transpose", values, perm=[0, 1, 3, 2]))
