@@ -1,7 +1,8 @@
 """The native library built as for a CPU without AVX, AVX2, FMA or F16C: its portable paths (scalar
 conversions, 16-byte vectors in the matrix multiply and the softmax, the MoE rows without intrinsics) pass
 the same native tests as the build for this CPU, which alone would leave them untested on an AVX2 machine;
-and its AVX-512 paths, which this machine cannot run, compile cleanly."""
+its AVX-512 paths, which this machine cannot run, compile cleanly; and the native tests pass with
+AddressSanitizer watching every access."""
 
 from __future__ import annotations
 
@@ -61,3 +62,29 @@ def test_the_avx512_paths_compile_without_warnings(tmp_path):
                                  str(tmp_path / f"{source.stem}.o"), str(source)],
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, (source.name, result.stderr[-3000:])
+
+
+@pytest.mark.slow
+@requires_compiler
+@pytest.mark.skipif(sys.platform != "linux", reason="AddressSanitizer is preloaded the Linux way (LD_PRELOAD)")
+def test_the_native_tests_pass_under_address_sanitizer(tmp_path):
+    """The library built with -fsanitize=address runs the native tests: an out-of-bounds read or write, a use after
+    free or a double free in any kernel aborts the run (the kernels' bounds are the data's, not just the tests')."""
+    compiler = find_compiler()
+    assert compiler is not None
+    runtime_libraries = []
+    for name in ("libasan.so", "libstdc++.so.6"):   # ASan first; libstdc++ so it can intercept ONNX Runtime's throws
+        found = subprocess.run([*compiler, f"-print-file-name={name}"], capture_output=True, text=True,
+                               timeout=60).stdout.strip()
+        if not os.path.isabs(found):
+            pytest.skip(f"{compiler[0]} has no {name} to preload")  # a compiler without AddressSanitizer
+        runtime_libraries.append(found)
+    env = {**os.environ, "CC": shlex.join([*compiler, "-fsanitize=address", "-fno-omit-frame-pointer"]),
+           "GEIR_CACHE_DIR": str(tmp_path), "LD_PRELOAD": " ".join(runtime_libraries),
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}   # leaks: Python's own allocations are not ours
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             *(str(HERE / name) for name in NATIVE_TESTS)],
+                            capture_output=True, text=True, env=env, cwd=str(HERE.parents[2]), timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "AddressSanitizer" not in result.stderr
+    assert len(list(tmp_path.glob("libgeir_ort-*.so"))) == 1     # the tests ran on the sanitised library
