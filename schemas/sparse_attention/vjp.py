@@ -1,5 +1,6 @@
 """VJP of SparseFlashAttention (spec 4.7): the forward node is rewritten to return its softmax statistics
-(``return_softmax_lse``) and SparseFlashAttentionGrad consumes them with the forward's out.
+(``return_softmax_lse``; empty statistics it returned before become empty constants) and SparseFlashAttentionGrad
+consumes them with the forward's out.
 
 - KV merge: when value is key itself, or key's first D2 dims (a Slice of key from 0 on the last axis),
   the grad runs without value and adds d_value into d_key (CANN's merged form).
@@ -23,31 +24,27 @@ from .schema import FORWARD, PAGED
 
 
 
-def _stats_in_use(ctx, node) -> bool:
-    outputs = {id(v) for v in ctx.forward.outputs}
-    return any(v is not None and (v.uses or id(v) in outputs) for v in node.outputs[1:])
-
-
 def _rewrite(ctx, node, inputs):
-    """The forward as it was, but returning its statistics when nothing reads them (else as it was)."""
+    """The forward returning its statistics (return_softmax_lse), which its grad reads. A forward that returned
+    the empty ones keeps them for whatever read them (a graph output, say) as empty constants of the same names:
+    one forward node, where a second one returning the statistics would make the model hold two variants of the
+    op, which ONNX export refuses. Paged KV is copied as it is (it has no grad)."""
     attrs = dict(node.attributes)
-    if not attrs["return_softmax_lse"] and not _stats_in_use(ctx, node) and attrs["layout_kv"] != PAGED:
-        attrs["return_softmax_lse"] = True
-    result = ctx.b.add_node(node.schema, inputs, attrs, name=node.name,
-                            output_names=[v.name if v is not None else "" for v in node.outputs],
-                            location=node.location)
-    if attrs["return_softmax_lse"]:
-        ctx.state[id(node)] = (result[1], result[2])
-    return result
-
-
-def _statistics(ctx, node):
-    """The forward's (softmax_max, softmax_sum): its own outputs, or those of a second forward that returns them."""
-    if id(node) not in ctx.state:
-        attrs = dict(node.attributes, return_softmax_lse=True)
-        again = ctx.b.add_node(node.schema, [ctx.new(v) for v in node.inputs], attrs, name=ctx.fresh("sfa_stats"))
-        ctx.state[id(node)] = (again[1], again[2])
-    return ctx.state[id(node)]
+    if attrs["layout_kv"] == PAGED:
+        return None
+    empty = not attrs["return_softmax_lse"]
+    attrs["return_softmax_lse"] = True
+    names = [v.name if v is not None else "" for v in node.outputs]
+    if empty:
+        names[1:] = [ctx.fresh("sfa_max"), ctx.fresh("sfa_sum")]
+    result = ctx.b.add_node(node.schema, inputs, attrs, name=node.name, output_names=names, location=node.location)
+    ctx.state[id(node)] = (result[1], result[2])
+    if not empty:
+        return result
+    outputs = {id(v) for v in ctx.forward.outputs}
+    kept = [ctx.b.constant(v.name, np.zeros((0,), v.type.dtype.numpy)) if v is not None and (v.uses or id(v) in outputs)
+            else stat for v, stat in zip(node.outputs[1:], result[1:])]
+    return (result[0], *kept)
 
 
 def _merged_value(ctx, node) -> bool:
@@ -109,7 +106,7 @@ def _forward(ctx, node, grads):
     if layout == "BSND" and (aq is not None or akv is not None):
         raise GraphError(f"{where}: BSND with actual_seq_lengths: SparseFlashAttentionGrad ignores them (SG-W1) and "
                          f"would differentiate other rows than the forward computed; use TND", node=node.name)
-    row_max, row_sum = _statistics(ctx, node)
+    row_max, row_sum = ctx.state[id(node)]
     out = ctx.new(node.outputs[0])
     merged = _merged_value(ctx, node)
     lengths = (aq, akv) if layout == "TND" else (None, None)
