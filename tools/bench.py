@@ -118,14 +118,25 @@ def larger_copies(nbytes: int, fresh: bool = False) -> tuple[tuple[Callable[[], 
     kernel would look faster than a copy only because the op moves fewer bytes. The copy baseline is the machine's
     best rate for at least the op's bytes instead."""
     def factory(size: int) -> Callable[[], Callable[[], object]]:
-        def make() -> Callable[[], object]:
-            src = np.ones(size, np.uint8)
-            if fresh:
-                return lambda: np.copyto(np.empty_like(src), src)
-            dst = np.empty_like(src)
-            return lambda: np.copyto(dst, src)
-        return make
+        return lambda: _copy_call(np.ones(size, np.uint8), fresh)
     return tuple((factory(nbytes * k), 2.0 * nbytes * k) for k in (2, 4) if nbytes * k <= LARGEST_COPY)
+
+
+def _copy_call(src: np.ndarray, fresh: bool) -> Callable[[], object]:
+    """``np.copyto`` of ``src`` into a new array on each call (fresh) or into one kept destination (warm)."""
+    if fresh:
+        return lambda: np.copyto(np.empty_like(src), src)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
+def copy_baselines(op: str, case: str, src: np.ndarray, moved: float) -> list[Measurement]:
+    """A case's warm copy (its baseline) and fresh-buffer copy rows: ``src`` copied, counted as ``moved`` bytes, each
+    also at 2x and 4x the bytes (``larger_copies``)."""
+    return [Measurement(op, case, WARM_COPY, _copy_call(src, False), moved, "GB/s", baseline=True,
+                        also=larger_copies(src.nbytes)),
+            Measurement(op, case, FRESH_COPY, _copy_call(src, True), moved, "GB/s",
+                        also=larger_copies(src.nbytes, fresh=True))]
 
 
 def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
@@ -195,14 +206,11 @@ def _rotary_case(spec: RotaryCase, compiled: bool) -> list[Measurement]:
     arrays = spec.arrays()
     feeds = {"dy": arrays["x"], "cos": arrays["cos"], "sin": arrays["sin"]}
     pslice = spec.partial_slice
-    dy, dst = feeds["dy"], np.empty_like(feeds["dy"])
+    dy = feeds["dy"]
     moved = 2 * dy.nbytes
     case = f"{list(spec.shape)} {spec.dtype} slice {list(pslice)}"
     op = "InplacePartialRotaryMulGrad"
-    rows = [Measurement(op, case, WARM_COPY, lambda: np.copyto(dst, dy), moved, "GB/s", baseline=True,
-                        also=larger_copies(dy.nbytes)),
-            Measurement(op, case, FRESH_COPY, lambda: np.copyto(np.empty_like(dy), dy), moved, "GB/s",
-                        also=larger_copies(dy.nbytes, fresh=True))]
+    rows = copy_baselines(op, case, dy, moved)
     numpy_target = {"geir numpy": ((WARM_COPY, 4.0),)}
     rows += _runtimes(op, case, feeds, ("dx",), moved, "GB/s", "rope_grad", {**MEMORY_TARGETS, **numpy_target},
                       buffers=True, beat_torch=True, **spec.attributes())
@@ -250,14 +258,9 @@ def _moe_case(spec: MoeCase, compiled: bool) -> list[Measurement]:
     torch = _torch()
     feeds = spec.arrays()
     moved = 2 * feeds["permuted_tokens"].nbytes + feeds["unpermuted_tokens_grad"].nbytes
-    src = np.ones(moved // 2, np.uint8)
-    dst = np.empty_like(src)
     case = f"T={spec.tokens} K={spec.topk} H={spec.hidden} {spec.dtype}"
     op = "MoeTokenUnpermuteGrad"
-    rows = [Measurement(op, case, WARM_COPY, lambda: np.copyto(dst, src), moved, "GB/s", baseline=True,
-                        also=larger_copies(src.nbytes)),
-            Measurement(op, case, FRESH_COPY, lambda: np.copyto(np.empty_like(src), src), moved, "GB/s",
-                        also=larger_copies(src.nbytes, fresh=True))]
+    rows = copy_baselines(op, case, np.ones(moved // 2, np.uint8), moved)
     numpy_target = {"geir numpy": ((WARM_COPY, 3.0),)}
     rows += _runtimes(op, case, feeds, ("permuted_tokens_grad", "probs_grad"), moved, "GB/s", "moe_grad",
                       {**MEMORY_TARGETS, **numpy_target}, buffers=True, beat_torch=True)
