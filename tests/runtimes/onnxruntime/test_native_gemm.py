@@ -5,6 +5,7 @@ of p, a half-width last panel, accumulation), and the copies change no bit."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 
 import numpy as np
@@ -18,8 +19,11 @@ pytestmark = requires_compiler
 KC, MC, PACK_B_MIN_ROWS = 256, 120, 24   # gemm.h / gemm.c: blocks of p and of rows, rows from which B is copied
 
 
-def _lib():
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    """The loaded native library with the hooks' signatures declared (once per process)."""
     lib = ctypes.CDLL(native_library())
+    lib.geir_fail_allocation.argtypes = [ctypes.c_long]
     lib.geir_gemm_rows.restype = ctypes.c_int
     lib.geir_gemm_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -28,7 +32,7 @@ def _lib():
 
 
 def _vector() -> int:
-    return ctypes.CDLL(native_library()).geir_gemm_vector_floats()
+    return _lib().geir_gemm_vector_floats()
 
 
 def gemm(a: np.ndarray, a_row: int, a_step: int, b: np.ndarray, offsets: np.ndarray, c: np.ndarray, m: int,
@@ -132,14 +136,13 @@ def test_copying_the_operands_changes_no_bit(m, k):
 
 
 def test_a_failed_allocation_is_reported():
-    lib = ctypes.CDLL(native_library())
-    lib.geir_fail_allocation.argtypes = [ctypes.c_long]
+    lib = _lib()
     a = np.ones((8, 8), np.float32)
     c = np.zeros((8, _vector()), np.float32)
     offsets = np.zeros(8, np.int64)
     lib.geir_fail_allocation(0)
     try:
-        status = _lib().geir_gemm_rows(8, _vector(), 8, a.ctypes.data, 8, 1, a.ctypes.data, offsets.ctypes.data,
+        status = lib.geir_gemm_rows(8, _vector(), 8, a.ctypes.data, 8, 1, a.ctypes.data, offsets.ctypes.data,
                                        c.ctypes.data, _vector(), 0)
     finally:
         lib.geir_fail_allocation(-1)
