@@ -24,6 +24,19 @@ NATIVE_TESTS = ("test_native.py", "test_native_sfa.py", "test_sfa_grad_determini
 PORTABLE_FLAGS = ("-mno-avx", "-mno-avx2", "-mno-fma", "-mno-f16c")
 
 
+def _native_tests_on(cache: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run the native test files in a fresh interpreter whose library is built into ``cache`` (with ``env``'s CC);
+    return the run, passed, and the one library it built."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             *(str(HERE / name) for name in NATIVE_TESTS)], capture_output=True, text=True,
+                            env={**os.environ, **env, "GEIR_CACHE_DIR": str(cache)}, cwd=str(HERE.parents[2]),
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    libraries = list(cache.glob("libgeir_ort-*.so"))
+    assert len(libraries) == 1, libraries          # the tests ran on that library, built once
+    return result, libraries[0]
+
+
 @pytest.mark.slow
 @requires_compiler
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the flags that turn the "
@@ -31,14 +44,8 @@ PORTABLE_FLAGS = ("-mno-avx", "-mno-avx2", "-mno-fma", "-mno-f16c")
 def test_the_portable_build_passes_the_native_tests(tmp_path):
     compiler = find_compiler()
     assert compiler is not None
-    env = {**os.environ, "CC": shlex.join([*compiler, *PORTABLE_FLAGS]), "GEIR_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             *(str(HERE / name) for name in NATIVE_TESTS)],
-                            capture_output=True, text=True, env=env, cwd=str(HERE.parents[2]), timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    libraries = list(tmp_path.glob("libgeir_ort-*.so"))
-    assert len(libraries) == 1, libraries          # the tests ran on the portable library, built once
-    assert ctypes.CDLL(str(libraries[0])).geir_gemm_vector_floats() == 4   # 16-byte vectors: no AVX in it
+    _, library = _native_tests_on(tmp_path, {"CC": shlex.join([*compiler, *PORTABLE_FLAGS])})
+    assert ctypes.CDLL(str(library)).geir_gemm_vector_floats() == 4   # 16-byte vectors: no AVX in it
 
 
 AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c", "-mfma")
@@ -79,12 +86,8 @@ def test_the_native_tests_pass_under_address_sanitizer(tmp_path):
         if not os.path.isabs(found):
             pytest.skip(f"{compiler[0]} has no {name} to preload")  # a compiler without AddressSanitizer
         runtime_libraries.append(found)
-    env = {**os.environ, "CC": shlex.join([*compiler, "-fsanitize=address", "-fno-omit-frame-pointer"]),
-           "GEIR_CACHE_DIR": str(tmp_path), "LD_PRELOAD": " ".join(runtime_libraries),
+    env = {"CC": shlex.join([*compiler, "-fsanitize=address", "-fno-omit-frame-pointer"]),
+           "LD_PRELOAD": " ".join(runtime_libraries),
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}   # leaks: Python's own allocations are not ours
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             *(str(HERE / name) for name in NATIVE_TESTS)],
-                            capture_output=True, text=True, env=env, cwd=str(HERE.parents[2]), timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    result, _ = _native_tests_on(tmp_path, env)
     assert "AddressSanitizer" not in result.stderr
-    assert len(list(tmp_path.glob("libgeir_ort-*.so"))) == 1     # the tests ran on the sanitised library
