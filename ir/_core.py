@@ -173,12 +173,20 @@ class Graph:
         self.nodes: list[Node] = []
         self.symbols = symbols if symbols is not None else SymbolTable()
         self.properties: set[str] = set()
+        self.revision = 0
+        """Counts the edits (every ``invalidate``): an executable compiled at another revision refuses to run."""
+        self.compiled: dict[object, object] = {}
+        """Runtimes' executables of this revision, by their key (cleared by ``invalidate``): compiling the same graph
+        again is free, and kept here rather than in a global table, an executable lives and dies with its graph."""
 
     # -- editing (onnx-ir style): every change clears what passes had guaranteed ---------------------
     # (Node.set_input on a node of this graph does so too; editing attributes in place needs invalidate().)
     def invalidate(self) -> None:
-        """Forget the passes' guarantees (``verified``, ``typed``): the graph changed since they ran."""
+        """Forget the passes' guarantees (``verified``, ``typed``) and the executables compiled from it: the graph
+        changed since they were made."""
         self.properties.clear()
+        self.compiled.clear()
+        self.revision += 1
 
     def append(self, node: Node) -> Node:
         """Add ``node`` at the end of the node list."""

@@ -43,6 +43,7 @@ class Pass(ABC):
         result = self.call(graph)
         returned = result.graph
         if result.modified:
+            returned.invalidate()          # a new revision: what was compiled from the old one is stale
             returned.properties = before & self.preserves
         returned.properties |= self.ensures
         return result

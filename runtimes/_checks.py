@@ -62,7 +62,11 @@ def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tup
     return known
 
 
-def validate_node_data(node: Node, arrays: Sequence[np.ndarray | None]) -> None:
-    """The node's run-time data rules (``..-D#``) on the arrays it reads; ExecutionError on bad data."""
+def validate_node_data(node: Node, arrays: Sequence[np.ndarray | None],
+                       attributes: Mapping[str, object] | None = None) -> None:
+    """The node's run-time data rules (``..-D#``) on the arrays it reads (under ``attributes``, default the node's:
+    an executable passes those it was compiled with); ExecutionError on bad data."""
     if node.schema.validate is not None:
-        node.schema.validate(DataContext(node.schema, node.name, arrays, node.attributes, location=node.location))
+        node.schema.validate(DataContext(node.schema, node.name, arrays,
+                                         node.attributes if attributes is None else attributes,
+                                         location=node.location))

@@ -22,6 +22,7 @@ from ..ir._types import TensorType
 from ..passes import live_nodes
 
 from ._checks import describe, is_symbolic, output_types_on, validate_node_data
+from ._compiled import ensure_current
 from ._feeds import validate_feeds
 from ._outputs import fill_output_buffers, validate_output_buffers
 
@@ -29,6 +30,34 @@ __all__ = ["InterpretedExecutable", "NodeKernel"]
 
 NodeKernel = Callable[..., Any]
 """``kernel(*inputs, **attributes[, out=buffer]) -> array | tuple of arrays``."""
+
+
+class _Step:
+    """One scheduled node with everything its run needs that does not depend on the feeds, worked out once at
+    compile time (a run then costs a few lookups per node, not a schema lookup and a signature per node)."""
+
+    __slots__ = ("node", "kernel", "ours", "attributes", "inputs", "outputs", "aliased", "takes_outputs",
+                 "validates", "symbolic", "types", "release", "reusable")
+
+    def __init__(self, executable: InterpretedExecutable, step: int, node: Node) -> None:
+        self.node = node
+        self.kernel, self.ours = executable.kernels[node]
+        self.attributes = dict(node.attributes)      # as compiled: the run follows the graph it was compiled from
+        self.inputs = tuple(None if v is None else v.name for v in node.inputs)
+        self.outputs = node.outputs
+        self.aliased = node.schema.outputs[0].alias is not None and node.outputs[0] is not None
+        self.takes_outputs = node in executable.writes_into
+        self.validates = node.schema.validate is not None
+        self.symbolic = node in executable.symbolic
+        self.types: list[TensorType | None] = [None if v is None else v.type for v in node.outputs]
+        last, outputs = executable.last_use, executable.outputs
+        self.release = tuple(dict.fromkeys(v.name for v in node.inputs if v is not None and last[id(v)] == step
+                                           and id(v) not in outputs))
+        """Values read for the last time here (not graph outputs): dropped after the node, so their buffers die."""
+        first = node.inputs[0] if node.inputs else None
+        self.reusable = (self.aliased and first is not None and last[id(first)] == step and id(first) not in outputs
+                         and sum(1 for v in node.inputs if v is first) == 1)
+        """The aliased output may take input 0's buffer when the run owns it (this node is its last reader)."""
 
 
 class InterpretedExecutable(ABC):
@@ -48,6 +77,7 @@ class InterpretedExecutable(ABC):
         if not {"verified", "typed"} <= graph.properties:
             raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
         self.graph = graph
+        self.revision = graph.revision
         live = live_nodes(graph)
         self.order: list[Node] = [n for n in graph.topological_order() if n in live]
         self.kernels: dict[Node, tuple[NodeKernel, bool]] = {}
@@ -66,6 +96,7 @@ class InterpretedExecutable(ABC):
                 if value is not None:
                     self.last_use[id(value)] = step
         self.symbolic = {n for n in self.order if is_symbolic(n)}
+        self.steps = [_Step(self, step, node) for step, node in enumerate(self.order)]
 
     @abstractmethod
     def resolve(self, node: Node) -> tuple[NodeKernel, bool] | None:
@@ -73,53 +104,14 @@ class InterpretedExecutable(ABC):
 
     def run(self, feeds: Mapping[str, np.ndarray],
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        ensure_current(self.graph, self.revision, self.runtime_name)
         env, bindings = validate_feeds(self.graph, feeds)
         buffers = validate_output_buffers(self.graph, outputs, env, bindings)
         env.update(self.graph.constants)   # read-only: never owned, so never written in place
         owned: set[str] = set()
-        for step, node in enumerate(self.order):
-            args = [env[v.name] if v is not None else None for v in node.inputs]
-            expected = self._expected_types(node, args)
-            validate_node_data(node, args)
-            kernel, ours = self.kernels[node]
-            kwargs = dict(node.attributes)
-            reused = None
-            first = node.outputs[0]
-            if node.schema.outputs[0].alias is not None and first is not None and first.name in buffers:
-                kwargs["out"] = buffers[first.name]          # the caller's buffer: written directly
-            elif node.schema.outputs[0].alias is not None and self._may_reuse(node, 0, step, owned):
-                kwargs["out"] = reused = args[0]
-            if node in self.writes_into:
-                into = tuple(_buffer_for(value, want, buffers) for value, want in zip(node.outputs, expected))
-                if any(b is not None for b in into):
-                    kwargs["outputs"] = into
-            try:
-                with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as ONNX Runtime gives them silently
-                    results = kernel(*args, **kwargs)
-            except ExecutionError:
-                raise
-            except Exception as exc:
-                raise ExecutionError(f"While executing {describe(node)}: {type(exc).__name__}: {exc}",
-                                     node=node.name) from exc
-            if not isinstance(results, tuple):
-                results = (results,)
-            for value, array, want in zip(node.outputs, results, expected):
-                if value is None:
-                    continue
-                if array.dtype != want.dtype.numpy or not _shape_matches(array.shape, want.shape):
-                    raise ExecutionError(f"{describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
-                                         f"for output '{value.name}', expected {want}", node=node.name)
-                env[value.name] = array
-                if value.name in buffers:      # the caller's: never reused for a later in-place write
-                    continue
-                if _allocated_here(ours, array, args, reused):
-                    owned.add(value.name)
-                else:   # a view of an owned input makes that input shared: no longer written in place
-                    owned.difference_update(v.name for v, a in zip(node.inputs, args)
-                                            if v is not None and np.may_share_memory(array, a))
-            for value in node.inputs:
-                if value is not None and self.last_use[id(value)] == step and id(value) not in self.outputs:
-                    env.pop(value.name, None)
+        with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as ONNX Runtime gives them silently
+            for step in self.steps:
+                self._run_step(step, env, buffers, owned)
         result = {}
         for value in self.graph.outputs:
             array = env[value.name]
@@ -127,17 +119,49 @@ class InterpretedExecutable(ABC):
         fill_output_buffers(self.graph, result, buffers)
         return result
 
-    def _may_reuse(self, node: Node, index: int, step: int, owned: set[str]) -> bool:
-        value = node.inputs[index]
-        return (value is not None and value.name in owned and self.last_use[id(value)] == step
-                and id(value) not in self.outputs
-                and sum(1 for v in node.inputs if v is value) == 1)
-
-    def _expected_types(self, node: Node, args: list[np.ndarray | None]) -> list[TensorType | None]:
-        """Output types on concrete shapes; re-checks the semantic rules when dims were symbolic."""
-        if node not in self.symbolic:
-            return [v.type if v is not None else None for v in node.outputs]
-        return output_types_on(self.graph, node, [None if a is None else a.shape for a in args])
+    def _run_step(self, step: _Step, env: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray],
+                  owned: set[str]) -> None:
+        node = step.node
+        args = [None if name is None else env[name] for name in step.inputs]
+        expected = step.types if not step.symbolic else output_types_on(
+            self.graph, node, [None if a is None else a.shape for a in args])   # re-checks the semantic rules
+        if step.validates:
+            validate_node_data(node, args, step.attributes)
+        kwargs = dict(step.attributes)
+        reused = None
+        if step.aliased and step.outputs[0].name in buffers:
+            kwargs["out"] = buffers[step.outputs[0].name]          # the caller's buffer: written directly
+        elif step.reusable and step.inputs[0] in owned:
+            kwargs["out"] = reused = args[0]
+        if step.takes_outputs and buffers:
+            into = tuple(_buffer_for(value, want, buffers) for value, want in zip(step.outputs, expected))
+            if any(b is not None for b in into):
+                kwargs["outputs"] = into
+        try:
+            results = step.kernel(*args, **kwargs)
+        except ExecutionError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(f"While executing {describe(node)}: {type(exc).__name__}: {exc}",
+                                 node=node.name) from exc
+        if not isinstance(results, tuple):
+            results = (results,)
+        for value, array, want in zip(step.outputs, results, expected):
+            if value is None:
+                continue
+            if array.dtype != want.dtype.numpy or not _shape_matches(array.shape, want.shape):
+                raise ExecutionError(f"{describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
+                                     f"for output '{value.name}', expected {want}", node=node.name)
+            env[value.name] = array
+            if value.name in buffers:      # the caller's: never reused for a later in-place write
+                continue
+            if _allocated_here(step.ours, array, args, reused):
+                owned.add(value.name)
+            else:   # a view of an owned input makes that input shared: no longer written in place
+                owned.difference_update(name for name, a in zip(step.inputs, args)
+                                        if name is not None and np.may_share_memory(array, a))
+        for name in step.release:
+            env.pop(name, None)
 
 
 def _takes_outputs(kernel: NodeKernel) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Mapping
 
 import ml_dtypes
@@ -19,6 +18,7 @@ from ...ir._onnx_types import value_info
 from ...ir._types import TensorType
 
 from .._checks import concrete_types, describe, validate_node_data
+from .._compiled import compiled_once, ensure_current
 from .._feeds import validate_feeds
 from .._outputs import concrete_shape, fill_output_buffers, validate_output_buffers
 from .._threads import num_threads
@@ -26,23 +26,14 @@ from ._native import native_library
 
 __all__ = ["OnnxRuntimeExecutable", "OnnxRuntimeRuntime"]
 
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 class OnnxRuntimeRuntime:
     """Runs graphs through ``geir.to_onnx`` in ONNX Runtime's CPU provider (our ops as function bodies)."""
 
     name = "onnxruntime"
 
     def compile(self, graph: Graph) -> OnnxRuntimeExecutable:
-        """One session per graph object, cached: compiling the same graph again is free."""
-        if not {"verified", "typed"} <= graph.properties:
-            raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
-        native = native_library() is not None
-        cached = _CACHE.get(graph)
-        if cached is None or cached.native != native:
-            cached = _CACHE[graph] = OnnxRuntimeExecutable(graph)
-        return cached
+        """One session per revision of a graph (and per native library state): compiling it again is free."""
+        return compiled_once(graph, native_library() is not None, OnnxRuntimeExecutable, self.name)
 
 
 def session_options() -> ort.SessionOptions:
@@ -67,6 +58,7 @@ class OnnxRuntimeExecutable:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
+        self.revision = graph.revision
         self.native = native_library() is not None
         self.model = to_onnx(graph)
         self.session = _session(self.model, graph)
@@ -94,6 +86,7 @@ class OnnxRuntimeExecutable:
 
     def run(self, feeds: Mapping[str, np.ndarray],
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        ensure_current(self.graph, self.revision, OnnxRuntimeRuntime.name)
         arrays, bindings = validate_feeds(self.graph, feeds)
         buffers = validate_output_buffers(self.graph, outputs, arrays, bindings)
         types = self.static_types if self.static_types is not None else concrete_types(
