@@ -58,6 +58,7 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
 
     blocks = _token_blocks(tokens, topk * hidden)
     per_block = blocks[0].stop - blocks[0].start if blocks else 0
+    direct = out.dtype == cdt        # no rounding: the sums are written where they belong, not copied there
 
     def run(chunk: list[slice]) -> None:
         raw = np.empty((per_block, topk, hidden), permuted_tokens.dtype)   # this thread's gather buffer
@@ -79,9 +80,11 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
                     weights[~keep] = 0
             if probs is not None:
                 gathered *= weights[:, :, None]
-            total = gathered.sum(axis=1)   # a reduction over a middle axis adds k = 0, 1, ... in order
+            # a reduction over a middle axis adds k = 0, 1, ... in order; float32 sums land in the output itself
+            total = gathered.sum(axis=1, out=out[block] if direct else None)
             total += 0.0                   # the reference starts from +0: turn a lone -0 into +0
-            np.copyto(out[block], total, casting="unsafe")
+            if not direct:
+                np.copyto(out[block], total, casting="unsafe")
 
     parallel_for(run, blocks)
     return out
