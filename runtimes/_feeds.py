@@ -37,12 +37,12 @@ _STATIC_INPUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _static_inputs(graph: Graph) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...] | None:
-    """(name, dtype, shape) of every input when no input dim is a symbol (cached per graph), else None."""
-    found = _STATIC_INPUTS.get(graph, ())
-    if found == ():
+    """(name, dtype, shape) of every input when no input dim is a symbol (cached per graph revision), else None."""
+    revision, found = _STATIC_INPUTS.get(graph, (None, None))
+    if revision != graph.revision:
         static = all(v.type.is_static for v in graph.inputs)
         found = tuple((v.name, v.type.dtype.numpy, tuple(v.type.shape)) for v in graph.inputs) if static else None
-        _STATIC_INPUTS[graph] = found
+        _STATIC_INPUTS[graph] = (graph.revision, found)
     return found
 
 

@@ -122,3 +122,19 @@ def test_both_runtimes_run_the_attributes_they_were_compiled_with():
     after = [geir.run(rebuilt, feeds, runtime=r)["y"] for r in RUNTIMES]
     np.testing.assert_array_equal(after[0], after[1])
     assert not np.array_equal(after[0], before[0])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_feeds_are_checked_against_the_inputs_of_the_current_revision(runtime):
+    graph = _relu_graph()
+    geir.run(graph, FEEDS, runtime=runtime)
+    extension = geir.GraphBuilder.extend(graph)
+    wider = extension.input("wide", "float32", (5,))
+    old = graph.inputs[0]
+    graph.node("relu").set_input(0, wider)
+    graph.inputs.remove(old)
+    extension.build()
+    with pytest.raises(geir.ExecutionError, match=r"unexpected feed\(s\) \['x'\]; inputs are \['wide'\]"):
+        geir.run(graph, FEEDS, runtime=runtime)
+    wide = np.array([-1, 1, -2, 2, -3], np.float32)
+    np.testing.assert_array_equal(geir.run(graph, {"wide": wide}, runtime=runtime)["y"], [0, 1, 0, 2, 0])
