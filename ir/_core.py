@@ -179,6 +179,10 @@ class Graph:
         """Runtimes' executables of this revision, by their key (cleared by ``invalidate``): compiling the same graph
         again is free, and kept here rather than in a global table, an executable lives and dies with its graph."""
 
+    def __getstate__(self) -> dict[str, object]:
+        """Copies and pickles carry the graph, not the executables compiled from it (a session cannot be copied)."""
+        return {**self.__dict__, "compiled": {}}
+
     # -- editing (onnx-ir style): every change clears what passes had guaranteed ---------------------
     # (Node.set_input on a node of this graph does so too; editing attributes in place needs invalidate().)
     def invalidate(self) -> None:

@@ -138,3 +138,15 @@ def test_feeds_are_checked_against_the_inputs_of_the_current_revision(runtime):
         geir.run(graph, FEEDS, runtime=runtime)
     wide = np.array([-1, 1, -2, 2, -3], np.float32)
     np.testing.assert_array_equal(geir.run(graph, {"wide": wide}, runtime=runtime)["y"], [0, 1, 0, 2, 0])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_compiled_graph_can_still_be_copied_and_pickled(runtime):
+    import copy
+    import pickle
+
+    graph = _relu_graph()
+    geir.run(graph, FEEDS, runtime=runtime)
+    for twin in (copy.deepcopy(graph), pickle.loads(pickle.dumps(graph))):
+        assert twin.compiled == {} and graph.compiled
+        np.testing.assert_array_equal(geir.run(twin, FEEDS, runtime=runtime)["y"], [0, 2, 0, 4])
