@@ -91,6 +91,58 @@ def test_zero_weights_are_skipped_so_nan_rows_do_not_propagate():
     assert np.array_equal(y, [[3, 6]])
 
 
+# -- the spec's float32 sequence, bit for bit, on either path of the forward --------------------------
+def _sequential_float32(P, s, probs):
+    """Spec 3.3 in float32 as written: out starts at +0, each kept slot adds its rounded product, in k order."""
+    tokens, topk = probs.shape
+    out = np.zeros((tokens, P.shape[1]), np.float32)
+    rows = s.reshape(tokens, topk)
+    with np.errstate(all="ignore"):
+        for k in range(topk):
+            weight = probs[:, k].astype(np.float32)
+            keep = (rows[:, k] < P.shape[0]) & (weight != 0)
+            product = P[np.where(keep, rows[:, k], 0)].astype(np.float32) * weight[:, None]
+            out = np.where(keep[:, None], out + product, out)
+    return out
+
+
+@pytest.mark.parametrize("einsum", [True, False], ids=["probed path", "two passes"])
+@pytest.mark.parametrize("tt", DTYPES)
+def test_forward_is_the_float32_sequence_bit_for_bit(tt, einsum, monkeypatch):
+    """The forward's weighted sum runs as one einsum where this NumPy's einsum is the reference's sequence
+    (einsum_adds_in_order), else as a multiply and a sum; either way the bits are the spec's float32 sequence."""
+    if not einsum:
+        monkeypatch.setattr(kernels, "einsum_adds_in_order", lambda: False)
+    P, _, s, probs = _case(40, 6, 70, tt, "float32", rows=230, seed=11, zero_probs=True)  # 10 dropped slots
+    P[3, 5], P[4, 1] = np.inf, -np.inf
+    P[s[(probs.reshape(-1) == 0) & (s < P.shape[0])][0]] = np.nan     # a NaN row on a zero weight: skipped
+    want = _sequential_float32(P, s, probs)
+    got = moe_token_unpermute(P, s, probs)
+    assert bits_equal(got, (want + 0.0).astype(P.dtype))
+
+
+def test_the_einsum_probe_refuses_a_fused_or_reordered_sum(monkeypatch):
+    probe = kernels.einsum_adds_in_order.__wrapped__        # uncached: each fake is probed afresh
+    real = np.einsum
+
+    def sequential(spec, w, x):
+        total = w[:, 0, None] * x[:, 0]
+        for k in range(1, w.shape[1]):
+            total = total + w[:, k, None] * x[:, k]
+        return total
+
+    def fused(spec, w, x):      # the products added without rounding them first, as FMA does
+        exact = real(spec, w.astype(np.longdouble), x.astype(np.longdouble))
+        return exact.astype(w.dtype) if w.dtype == np.float32 else real(spec, w, x)
+
+    def reversed_k(spec, w, x):
+        return sequential(spec, w[:, ::-1], x[:, ::-1])
+
+    for fake, expected in ((sequential, True), (fused, False), (reversed_k, False)):
+        monkeypatch.setattr(np, "einsum", fake)
+        assert probe() is expected, fake.__name__
+
+
 # -- float64 reference, all dtype pairs ---------------------------------------------------------
 @pytest.mark.parametrize("tt, tp", PAIRS)
 @pytest.mark.parametrize("topk", [1, 2, 5, 16])
