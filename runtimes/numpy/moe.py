@@ -28,27 +28,31 @@ smaller blocks lose to per-call overhead, larger ones to L2 misses."""
 
 
 @functools.cache
-def einsum_adds_in_order() -> bool:
-    """Whether this NumPy's ``einsum("tk,tkh->th", w, x)`` is the reference's sum: ``w[t,0]*x[t,0] + w[t,1]*x[t,1] +
-    ...``, each product rounded, then added in k order (checked once, on float32 and float64).
+def einsum_adds_in_order(tokens: np.dtype, compute: np.dtype) -> bool:
+    """Whether this NumPy's ``einsum("tk,tkh->th", w, x, dtype=compute)`` on ``tokens`` rows is the reference's sum:
+    x widened, ``w[t,0]*x[t,0] + w[t,1]*x[t,1] + ...``, each product rounded, added in k order (probed once per
+    pair of dtypes, in the form the forward calls it).
 
-    It runs as one pass where multiplying and summing take two (17-20 % of the forward at T=8192 K=8 H=1024), but
-    its inner loops are NumPy's build-time SIMD code: a build that fuses them into FMA (as NumPy's universal
-    intrinsics do where FMA is in the baseline, say on aarch64) rounds once less. Such a build keeps the two passes,
-    so the NumPy runtime's results are the reference's on every build."""
+    It widens and sums in one pass where widening, multiplying and summing take three (17-27 % of the forward at
+    T=8192 K=8 H=1024), but its inner loops are NumPy's build-time SIMD code: a build that fuses them into FMA (as
+    NumPy's universal intrinsics can where FMA is in the baseline) rounds once less. Such a build keeps the separate
+    passes, so the NumPy runtime's results are the reference's on every build."""
     rng = np.random.default_rng(0)
-    for dtype in (np.float32, np.float64):
-        for topk, hidden in ((1, 7), (2, 33), (3, 64), (8, 1000)):
-            w = rng.random((3, topk)).astype(dtype)
-            x = rng.standard_normal((3, topk, hidden)).astype(dtype)
-            if topk >= 2:      # the second product is inexact: FMA would keep the bit that rounding drops
-                w[:, :2], x[:, :2, :] = (1, 1 + 2.0 ** -12), 1 + 2.0 ** -12
-                x[:, 0, :] = -1
-            sequential = w[:, 0, None] * x[:, 0]
-            for k in range(1, topk):
-                sequential = sequential + w[:, k, None] * x[:, k]
-            if not np.array_equal(np.einsum("tk,tkh->th", w, x), sequential):
-                return False
+    for topk, hidden in ((1, 7), (2, 33), (3, 64), (8, 1000)):
+        w = rng.random((3, topk)).astype(compute)
+        x = rng.standard_normal((3, topk, hidden)).astype(tokens)
+        if topk >= 2:      # -1 + (1 + 2^-7)(1 + 2^-12 + 2^-22): the product drops a 2^-29 that FMA would keep
+            w[:, :2], x[:, 0], x[:, 1] = (1, 1 + 2.0 ** -12 + 2.0 ** -22), -1, 1 + 2.0 ** -7
+        wide = x.astype(compute)
+        sequential = w[:, 0, None] * wide[:, 0]
+        for k in range(1, topk):
+            sequential = sequential + w[:, k, None] * wide[:, k]
+        try:
+            summed = np.einsum("tk,tkh->th", w, x, dtype=compute, casting="safe")
+        except TypeError:      # no safe cast from these rows to the compute dtype
+            return False
+        if not np.array_equal(summed, sequential):
+            return False
     return True
 
 
@@ -86,6 +90,7 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
     blocks = _token_blocks(tokens, topk * hidden)
     per_block = blocks[0].stop - blocks[0].start if blocks else 0
     direct = out.dtype == cdt        # no rounding: the sums are written where they belong, not copied there
+    fused = probs is not None and einsum_adds_in_order(permuted_tokens.dtype, cdt)
 
     def run(chunk: list[slice]) -> None:
         raw = np.empty((per_block, topk, hidden), permuted_tokens.dtype)   # this thread's gather buffer
@@ -100,14 +105,14 @@ def moe_token_unpermute(permuted_tokens: np.ndarray, sorted_indices: np.ndarray,
                 continue
             every = bool(keep.all())
             taken = take_rows(permuted_tokens, rows if every else np.where(keep, rows, 0), raw[: rows.shape[0]])
-            gathered = taken.astype(cdt, copy=False)
+            gathered = taken if fused else taken.astype(cdt, copy=False)
             if not every:      # a skipped slot adds +0: its row and its weight (NaN on a dropped slot, say) are
                 np.copyto(gathered, 0, where=~keep[:, :, None])     # never read, as the reference skips it
                 if probs is not None:
                     weights[~keep] = 0
             into = out[block] if direct else None        # float32 sums land in the output itself
-            if probs is not None and einsum_adds_in_order():
-                total = np.einsum("tk,tkh->th", weights, gathered, out=into)
+            if fused:   # widened, weighted and summed in one pass
+                total = np.einsum("tk,tkh->th", weights, gathered, out=into, dtype=cdt, casting="safe")
             else:
                 if probs is not None:
                     gathered *= weights[:, :, None]

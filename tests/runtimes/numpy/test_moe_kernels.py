@@ -112,7 +112,7 @@ def test_forward_is_the_float32_sequence_bit_for_bit(tt, einsum, monkeypatch):
     """The forward's weighted sum runs as one einsum where this NumPy's einsum is the reference's sequence
     (einsum_adds_in_order), else as a multiply and a sum; either way the bits are the spec's float32 sequence."""
     if not einsum:
-        monkeypatch.setattr(kernels, "einsum_adds_in_order", lambda: False)
+        monkeypatch.setattr(kernels, "einsum_adds_in_order", lambda tokens, compute: False)
     P, _, s, probs = _case(40, 6, 70, tt, "float32", rows=230, seed=11, zero_probs=True)  # 10 dropped slots
     P[3, 5], P[4, 1] = np.inf, -np.inf
     P[s[(probs.reshape(-1) == 0) & (s < P.shape[0])][0]] = np.nan     # a NaN row on a zero weight: skipped
@@ -121,26 +121,27 @@ def test_forward_is_the_float32_sequence_bit_for_bit(tt, einsum, monkeypatch):
     assert bits_equal(got, (want + 0.0).astype(P.dtype))
 
 
-def test_the_einsum_probe_refuses_a_fused_or_reordered_sum(monkeypatch):
+@pytest.mark.parametrize("tokens", DTYPES)
+def test_the_einsum_probe_refuses_a_fused_or_reordered_sum(tokens, monkeypatch):
     probe = kernels.einsum_adds_in_order.__wrapped__        # uncached: each fake is probed afresh
     real = np.einsum
 
-    def sequential(spec, w, x):
+    def sequential(spec, w, x, dtype, casting):
+        x = x.astype(dtype)
         total = w[:, 0, None] * x[:, 0]
         for k in range(1, w.shape[1]):
             total = total + w[:, k, None] * x[:, k]
         return total
 
-    def fused(spec, w, x):      # the products added without rounding them first, as FMA does
-        exact = real(spec, w.astype(np.longdouble), x.astype(np.longdouble))
-        return exact.astype(w.dtype) if w.dtype == np.float32 else real(spec, w, x)
+    def fused(spec, w, x, dtype, casting):      # the products added without rounding them first, as FMA does
+        return real(spec, w.astype(np.longdouble), x.astype(np.longdouble)).astype(dtype)
 
-    def reversed_k(spec, w, x):
-        return sequential(spec, w[:, ::-1], x[:, ::-1])
+    def reversed_k(spec, w, x, dtype, casting):
+        return sequential(spec, w[:, ::-1], x[:, ::-1], dtype, casting)
 
     for fake, expected in ((sequential, True), (fused, False), (reversed_k, False)):
         monkeypatch.setattr(np, "einsum", fake)
-        assert probe() is expected, fake.__name__
+        assert probe(_np(tokens), np.dtype(np.float32)) is expected, fake.__name__
 
 
 # -- float64 reference, all dtype pairs ---------------------------------------------------------
