@@ -15,15 +15,20 @@ from typing import TypeVar
 from ..ir._core import Graph
 from ..ir._errors import ExecutionError, GraphError
 
-__all__ = ["compiled_once", "ensure_current"]
+__all__ = ["compiled_once", "ensure_built", "ensure_current"]
 
 E = TypeVar("E")
 
 
-def compiled_once(graph: Graph, key: object, make: Callable[[Graph], E], runtime: str) -> E:
-    """The executable ``make(graph)`` of this revision of ``graph`` under ``key`` (made on first use)."""
+def ensure_built(graph: Graph) -> None:
+    """GraphError unless ``graph`` is verified and typed (built, and not edited since)."""
     if not {"verified", "typed"} <= graph.properties:
         raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
+
+
+def compiled_once(graph: Graph, key: object, make: Callable[[Graph], E], runtime: str) -> E:
+    """The executable ``make(graph)`` of this revision of ``graph`` under ``key`` (made on first use)."""
+    ensure_built(graph)
     found = graph.compiled.get((runtime, key))
     if found is None:
         found = graph.compiled[(runtime, key)] = make(graph)

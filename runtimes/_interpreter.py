@@ -22,7 +22,7 @@ from ..ir._types import TensorType
 from ..passes import live_nodes
 
 from ._checks import describe, is_symbolic, output_types_on, validate_node_data
-from ._compiled import ensure_current
+from ._compiled import ensure_built, ensure_current
 from ._feeds import validate_feeds
 from ._outputs import fill_output_buffers, validate_output_buffers
 
@@ -74,8 +74,7 @@ class InterpretedExecutable(ABC):
     runtime_name = "interpreter"
 
     def __init__(self, graph: Graph) -> None:
-        if not {"verified", "typed"} <= graph.properties:
-            raise GraphError(f"graph '{graph.name}' is not built; call GraphBuilder.build() first")
+        ensure_built(graph)
         self.graph = graph
         self.revision = graph.revision
         live = live_nodes(graph)
