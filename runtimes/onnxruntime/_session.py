@@ -59,7 +59,6 @@ class OnnxRuntimeExecutable:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.revision = graph.revision
-        self.native = native_library() is not None
         self.model = to_onnx(graph)
         self.session = _session(self.model, graph)
         self.order = graph.topological_order()
