@@ -176,8 +176,9 @@ class Graph:
         self.revision = 0
         """Counts the edits (every ``invalidate``): an executable compiled at another revision refuses to run."""
         self.compiled: dict[object, object] = {}
-        """Runtimes' executables of this revision, by their key (cleared by ``invalidate``): compiling the same graph
-        again is free, and kept here rather than in a global table, an executable lives and dies with its graph."""
+        """What runtimes derived from this revision (executables, the feed checks' input table), by their key; cleared
+        by ``invalidate``. Compiling the same graph again is free, and kept here rather than in a global table, an
+        executable lives and dies with its graph."""
 
     def __getstate__(self) -> dict[str, object]:
         """Copies and pickles carry the graph, not the executables compiled from it (a session cannot be copied)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 
 import numpy as np
@@ -33,17 +32,15 @@ def as_feed_array(feed: object, where: str) -> np.ndarray:
     return array
 
 
-_STATIC_INPUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _static_inputs(graph: Graph) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...] | None:
-    """(name, dtype, shape) of every input when no input dim is a symbol (cached per graph revision), else None."""
-    revision, found = _STATIC_INPUTS.get(graph, (None, None))
-    if revision != graph.revision:
+    """(name, dtype, shape) of every input when no input dim is a symbol, else None; kept in ``Graph.compiled``
+    with the executables, so an edit (a new revision) drops it with them."""
+    key = ("feeds", "static inputs")
+    if key not in graph.compiled:
         static = all(v.type.is_static for v in graph.inputs)
-        found = tuple((v.name, v.type.dtype.numpy, tuple(v.type.shape)) for v in graph.inputs) if static else None
-        _STATIC_INPUTS[graph] = (graph.revision, found)
-    return found
+        graph.compiled[key] = tuple((v.name, v.type.dtype.numpy, tuple(v.type.shape)) for v in graph.inputs) \
+            if static else None
+    return graph.compiled[key]  # type: ignore[return-value]
 
 
 def _exact_feeds(graph: Graph, feeds: Mapping[str, object]) -> dict[str, np.ndarray] | None:
