@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,11 @@ class Value:
         self.producer = producer
         self.index = index
         self._uses: list[tuple[Node, int]] = []
+
+    def __copy__(self) -> Value:
+        """Refused: a shallow copy would share this value's use list, so editing one corrupts the other."""
+        raise GraphError(f"value '{self.name}' cannot be copied on its own (its uses and producer belong to its "
+                         "graph); copy the graph instead (copy.copy(graph), GraphBuilder.copy)")
 
     @property
     def uses(self) -> tuple[tuple[Node, int], ...]:
@@ -108,6 +114,11 @@ class Node:
     @property
     def inputs(self) -> tuple[Value | None, ...]:
         return self._inputs
+
+    def __copy__(self) -> Node:
+        """Refused: a shallow copy would share this node's output values and appear in no use list."""
+        raise GraphError(f"{self.op_type} '{self.name}' cannot be copied on its own (its values belong to its graph); "
+                         "copy the graph instead (copy.copy(graph), GraphBuilder.copy)", node=self.name)
 
     def set_input(self, index: int, value: Value | None) -> None:
         """Replace input ``index``, keeping both values' use lists right; the graph holding this node
@@ -183,6 +194,11 @@ class Graph:
     def __getstate__(self) -> dict[str, object]:
         """Copies and pickles carry the graph, not the executables compiled from it (a session cannot be copied)."""
         return {**self.__dict__, "compiled": {}}
+
+    def __copy__(self) -> Graph:
+        """An independent copy, as ``copy.deepcopy``: a shallow copy would share the node, input and output lists
+        and the values' use lists, so an edit of one graph would change the other behind its back."""
+        return copy.deepcopy(self)
 
     # -- editing (onnx-ir style): every change clears what passes had guaranteed ---------------------
     # (Node.set_input on a node of this graph does so too; editing attributes in place needs invalidate().)

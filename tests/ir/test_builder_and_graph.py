@@ -183,3 +183,20 @@ def test_topological_order_follows_dependencies_not_insertion():
     g.nodes += [late, early]
     assert [n.name for n in g.topological_order()] == ["early", "late"]
     assert x.uses == ((early, 0),) and early.outputs[0].uses == ((late, 0),)
+
+
+def test_a_node_or_value_alone_is_not_shallow_copied():
+    """Issue 23 item 10: a shallow copy of a node or value shares its use lists; copy the graph instead."""
+    import copy
+
+    b = geir.GraphBuilder("g")
+    x = b.input("x", "float32", (4,))
+    y = b.op("Relu", x, name="relu")
+    b.output(y, "y")
+    graph = b.build()
+    with pytest.raises(GraphError, match="value 'x' cannot be copied on its own"):
+        copy.copy(x)
+    with pytest.raises(GraphError, match="Relu 'relu' cannot be copied on its own"):
+        copy.copy(graph.node("relu"))
+    twin = copy.copy(graph)
+    assert twin.node("relu") is not graph.node("relu") and twin.inputs[0].uses[0][0] is twin.node("relu")

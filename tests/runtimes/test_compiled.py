@@ -150,3 +150,24 @@ def test_a_compiled_graph_can_still_be_copied_and_pickled(runtime):
     for twin in (copy.deepcopy(graph), pickle.loads(pickle.dumps(graph))):
         assert twin.compiled == {} and graph.compiled
         np.testing.assert_array_equal(geir.run(twin, FEEDS, runtime=runtime)["y"], [0, 2, 0, 4])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_shallow_copy_is_independent_of_its_original(runtime):
+    """Issue 23 item 10: copy.copy shared the node and output lists, so editing the copy edited the original
+    behind its back (which then failed with a raw KeyError)."""
+    import copy
+
+    graph = _relu_graph()
+    np.testing.assert_array_equal(geir.run(graph, FEEDS, runtime=runtime)["y"], [0, 2, 0, 4])
+    twin = copy.copy(graph)
+    assert twin.nodes is not graph.nodes and twin.outputs is not graph.outputs and twin.inputs is not graph.inputs
+    assert not any(a is b for a, b in zip(twin.values(), graph.values()))
+    revision = graph.revision
+    _negate_before_relu(twin)
+    np.testing.assert_array_equal(geir.run(twin, FEEDS, runtime=runtime)["y"], [1, 0, 3, 0])
+    assert [n.name for n in graph.nodes] == ["relu"] and graph.revision == revision
+    assert {"verified", "typed"} <= graph.properties
+    np.testing.assert_array_equal(geir.run(graph, FEEDS, runtime=runtime)["y"], [0, 2, 0, 4])
+    assert [n.op_type for n in twin.topological_order()] == ["Neg", "Relu"]
+
