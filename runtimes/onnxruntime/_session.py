@@ -116,7 +116,8 @@ class OnnxRuntimeExecutable:
             keep_alive += _bind_array(binding, value.name, buffer, output=True)
             results[value.name] = buffer
         try:
-            self.session.run_with_iobinding(binding)
+            if bound:     # ONNX Runtime refuses a run that requests no output (every output passed through)
+                self.session.run_with_iobinding(binding)
         except Exception as exc:
             raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
         if any(name not in results for name in bound):     # outputs ONNX Runtime allocated

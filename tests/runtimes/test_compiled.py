@@ -171,3 +171,23 @@ def test_a_shallow_copy_is_independent_of_its_original(runtime):
     np.testing.assert_array_equal(geir.run(graph, FEEDS, runtime=runtime)["y"], [0, 2, 0, 4])
     assert [n.op_type for n in twin.topological_order()] == ["Neg", "Relu"]
 
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_graph_whose_outputs_are_only_inputs_and_constants_runs(runtime):
+    """Issue 23 item 15: ONNX Runtime refused the run ("At least one output should be requested")."""
+    b = geir.GraphBuilder("pass_through")
+    x = b.input("x", "float32", ("N",))
+    b.output(x, "x")
+    b.output(b.constant("w", np.array([1.5, -2.0], np.float32)), "w")
+    graph = b.build()
+    for n in (4, 2):
+        feeds = {"x": np.arange(n, dtype=np.float32)}
+        out = geir.run(graph, feeds, runtime=runtime)
+        np.testing.assert_array_equal(out["x"], feeds["x"])
+        np.testing.assert_array_equal(out["w"], [1.5, -2.0])
+        assert not np.shares_memory(out["x"], feeds["x"]) and not np.shares_memory(out["w"], graph.constants["w"])
+    buffers = {"x": np.empty(2, np.float32), "w": np.empty(2, np.float32)}
+    out = geir.run(graph, {"x": np.array([7, 8], np.float32)}, runtime=runtime, outputs=buffers)
+    assert out["x"] is buffers["x"] and out["w"] is buffers["w"]
+    np.testing.assert_array_equal(buffers["x"], [7, 8])
+    np.testing.assert_array_equal(buffers["w"], [1.5, -2.0])
