@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir._errors import GraphError
+from .onnx_slice import SliceError, slice_positions
 from .vjp import register_vjp
 
 STANDARD = ""
@@ -151,19 +152,22 @@ def _slice(ctx, node, grads):
     starts = _constant_ints(ctx, node.inputs[1], "starts", node)
     ends = _constant_ints(ctx, node.inputs[2], "ends", node)
     axes = _constant_ints(ctx, node.inputs[3], "axes", node) if len(node.inputs) > 3 and node.inputs[3] is not None \
-        else list(range(len(starts)))
+        else None
     steps = _constant_ints(ctx, node.inputs[4], "steps", node) if len(node.inputs) > 4 and node.inputs[4] is not None \
-        else [1] * len(starts)
+        else None
+    try:
+        chosen = slice_positions(shape, starts, ends, axes, steps)      # ONNX's clamping, as the runtimes slice
+    except SliceError as exc:
+        raise GraphError(f"geir.grad: Slice '{node.name}': {exc} (input shape {list(shape)})", node=node.name) from None
     g = grads[0]
-    for start, end, axis, step in zip(starts, ends, axes, steps):
-        axis %= len(shape)
-        positions = list(range(shape[axis]))[slice(start, end, step)]
-        if not positions:
+    for axis, positions in chosen.items():
+        if len(positions) == 0:
             return [ctx.zeros_like(ctx.new(x))] + [None] * (len(node.inputs) - 1)
-        if step < 0:
+        read = list(positions)
+        if positions.step < 0:      # the cotangent read back to front, then placed at ascending positions
             g = ctx.op("Slice", g, ctx.ints([-1]), ctx.ints([-(2 ** 62)]), ctx.ints([axis]), ctx.ints([-1]))
-            positions = positions[::-1]
-        g = _place_along(ctx, g, axis, positions, shape[axis])
+            read = read[::-1]
+        g = _place_along(ctx, g, axis, read, shape[axis])
     return [g] + [None] * (len(node.inputs) - 1)
 
 

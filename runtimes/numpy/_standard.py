@@ -1,4 +1,9 @@
-"""Standard ONNX ops on the NumPy runtime: the ``onnx`` package's own reference kernels."""
+"""Standard ONNX ops on the NumPy runtime: the ``onnx`` package's own reference kernels, except Slice.
+
+onnx.reference's Slice applies Python's slice rules to the raw starts and ends, which differ from ONNX's
+clamping with negative steps (it selects nothing where ONNX Runtime selects index 0); Slice runs on
+``schemas.onnx_slice``, the one statement of ONNX's rules that the VJP and the reference use too.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,41 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from ...ir._core import Node
+from ...ir._errors import ExecutionError
 from ...ir._onnx_types import value_info
 from ...schemas import OPSET
+from ...schemas.onnx_slice import SliceError, slice_index
+from .._checks import describe
 
 __all__ = ["standard_kernel"]
 
+_SLICE_OPERANDS = ("starts", "ends", "axes", "steps")
+
+
+def _slice_kernel(node: Node) -> Callable[..., tuple[np.ndarray]]:
+    """Slice (opset >= 10: starts, ends, axes and steps are inputs) with ONNX's clamping; the result is a view."""
+
+    def run(data: np.ndarray, *operands: np.ndarray | None, **_: object) -> tuple[np.ndarray]:
+        lists: list[list[int] | None] = []
+        for name, operand in zip(_SLICE_OPERANDS, operands):
+            if operand is not None and np.ndim(operand) != 1:
+                raise ExecutionError(f"{describe(node)}: input '{name}': expected a 1-D tensor, got shape "
+                                     f"{list(np.shape(operand))}", node=node.name)
+            lists.append(None if operand is None else [int(v) for v in operand])
+        lists += [None] * (len(_SLICE_OPERANDS) - len(lists))
+        try:
+            index = slice_index(data.shape, lists[0] or [], lists[1] or [], lists[2], lists[3])
+        except SliceError as exc:
+            raise ExecutionError(f"{describe(node)}: {exc} (data shape {list(data.shape)})", node=node.name) from None
+        return (data[index],)
+
+    return run
+
 
 def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
-    """A kernel running one standard node through ``onnx.reference.ReferenceEvaluator``."""
+    """A kernel running one standard node through ``onnx.reference.ReferenceEvaluator`` (Slice: ONNX's rules)."""
+    if node.op_type == "Slice" and not node.attributes:   # Slice-1 kept its bounds in attributes
+        return _slice_kernel(node)
     inputs = [f"in{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
     outputs = [f"out{i}" if v is not None else "" for i, v in enumerate(node.outputs)]
     proto = helper.make_node(node.op_type, inputs, outputs, **node.attributes)
