@@ -105,7 +105,7 @@ class InterpretedExecutable(ABC):
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         ensure_current(self.graph, self.revision, self.runtime_name)
         env, bindings = validate_feeds(self.graph, feeds)
-        buffers = validate_output_buffers(self.graph, outputs, env, bindings)
+        buffers = validate_output_buffers(self.graph, outputs, env, bindings, feeds)
         env.update(self.graph.constants)   # read-only: never owned, so never written in place
         owned: set[str] = set()
         with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as ONNX Runtime gives them silently

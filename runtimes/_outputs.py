@@ -2,9 +2,10 @@
 both runtimes: a loop that reuses its buffers pays no allocation or page faults for them.
 
 A buffer must be a writeable, C-contiguous NumPy array of the output's dtype and shape, share memory
-with no other buffer, and share none with a feed, except the feed an in-place op overwrites anyway
-(the output aliases that input and the feed has no other reader), which is how a caller asks for a
-true in-place run.
+with no other buffer, with no graph constant (the graph's own: a run writing there would change
+the graph), and with no feed, except the feed an in-place op overwrites anyway (the
+output aliases that input and the feed has no other reader), which is how a caller asks for a true
+in-place run.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ def _overwrites_feed(value: Value, feed: str) -> bool:
 
 
 def validate_output_buffers(graph: Graph, buffers: Mapping[str, np.ndarray] | None, feeds: Mapping[str, np.ndarray],
-                            bindings: Mapping[str, int]) -> dict[str, np.ndarray]:
-    """The checked buffers by output name; ExecutionError naming the output and what is wrong."""
+                            bindings: Mapping[str, int], given: Mapping[str, object] | None = None
+                            ) -> dict[str, np.ndarray]:
+    """The checked buffers by output name; ExecutionError naming the output and what is wrong.
+
+    ``feeds`` are the arrays a run reads (``validate_feeds``), ``given`` the feeds as the caller passed them (an
+    array of another byte order is read from a copy, yet the caller's array must not be written either)."""
     if buffers is None:
         return {}
     if not isinstance(buffers, Mapping):
@@ -60,8 +65,11 @@ def validate_output_buffers(graph: Graph, buffers: Mapping[str, np.ndarray] | No
                                  f"{list(buffer.shape)}")
         if not buffer.flags.c_contiguous or not buffer.flags.writeable:
             raise ExecutionError(f"{where}: expected a writeable C-contiguous array (np.empty(shape, dtype) is one)")
+        _refuse_graph_memory(graph, buffer, where)
         for feed, array in feeds.items():
-            if np.may_share_memory(buffer, array) and not (buffer is array and _overwrites_feed(value, feed)):
+            raw = (given or {}).get(feed)
+            if (np.may_share_memory(buffer, array) and not (buffer is array and _overwrites_feed(value, feed))) or (
+                    isinstance(raw, np.ndarray) and raw is not array and np.may_share_memory(buffer, raw)):
                 raise ExecutionError(f"{where}: shares memory with feed '{feed}'; only the feed an in-place op "
                                      "overwrites (its only reader) may be its own output buffer")
         for other, earlier in checked.items():
@@ -69,6 +77,14 @@ def validate_output_buffers(graph: Graph, buffers: Mapping[str, np.ndarray] | No
                 raise ExecutionError(f"{where}: shares memory with the buffer of output '{other}'")
         checked[name] = buffer
     return checked
+
+
+def _refuse_graph_memory(graph: Graph, buffer: np.ndarray, where: str) -> None:
+    """ExecutionError when ``buffer`` shares memory with a graph constant."""
+    for name, array in graph.constants.items():
+        if np.may_share_memory(buffer, array):
+            raise ExecutionError(f"{where}: shares memory with graph constant '{name}'; a run must not write into "
+                                 "the graph (give a buffer of its own, e.g. np.empty(shape, dtype))")
 
 
 def fill_output_buffers(graph: Graph, results: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> None:

@@ -87,7 +87,7 @@ class OnnxRuntimeExecutable:
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         ensure_current(self.graph, self.revision, OnnxRuntimeRuntime.name)
         arrays, bindings = validate_feeds(self.graph, feeds)
-        buffers = validate_output_buffers(self.graph, outputs, arrays, bindings)
+        buffers = validate_output_buffers(self.graph, outputs, arrays, bindings, feeds)
         types = self.static_types if self.static_types is not None else concrete_types(
             self.graph, self.order, {name: a.shape for name, a in arrays.items()})
         known: dict[str, np.ndarray] = dict(self.graph.constants) | arrays

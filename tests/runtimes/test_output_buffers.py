@@ -136,3 +136,39 @@ def test_numpy_moe_kernels_write_the_callers_buffers_themselves(op, with_probs):
         tracemalloc.stop()
     assert all(got[name] is buffers[name] and bits_equal(got[name], want[name]) for name in want)
     assert peak < largest / 2, f"a run with buffers allocated {peak} bytes (the largest output has {largest})"
+
+
+def _add_constant_graph() -> geir.Graph:
+    b = geir.GraphBuilder("plus_w")
+    x = b.input("x", "float32", (2, 3))
+    w = b.constant("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+    b.output(b.op("Add", x, w), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("view", ["itself", "a view"])
+def test_a_graph_constant_is_never_an_output_buffer(runtime, view):
+    """Issue 23 item 9: the run wrote y into the constant w, so the graph changed and the next runs disagreed."""
+    graph = _add_constant_graph()
+    w = graph.constants["w"]
+    snapshot = w.copy()
+    feeds = {"x": np.ones((2, 3), np.float32)}
+    buffer = w if view == "itself" else w.reshape(2, 3)[...]
+    with pytest.raises(geir.ExecutionError, match="output buffer 'y': shares memory with graph constant 'w'"):
+        geir.run(graph, feeds, runtime, outputs={"y": buffer})
+    assert np.array_equal(graph.constants["w"], snapshot)
+    for name in RUNTIMES:    # the graph still means what it said, on both runtimes
+        np.testing.assert_array_equal(geir.run(graph, feeds, name)["y"], snapshot + 1)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_memory_of_a_feed_of_another_byte_order_is_not_an_output_buffer(runtime):
+    """A big-endian feed is read from a native copy; a buffer over the caller's array would still overwrite it."""
+    graph = _add_constant_graph()
+    x = np.ones((2, 3), ">f4")
+    snapshot = x.copy()
+    buffer = x.view(np.uint8).view(np.float32)     # the same bytes, seen as native float32
+    with pytest.raises(geir.ExecutionError, match="output buffer 'y': shares memory with feed 'x'"):
+        geir.run(graph, {"x": x}, runtime, outputs={"y": buffer})
+    assert np.array_equal(x, snapshot)
