@@ -1,8 +1,9 @@
 """Reverse-mode differentiation of a built graph: ``geir.grad(graph, wrt=None, outputs=None)``.
 
 The result is a new graph: the forward graph's inputs plus one cotangent input ``grad_<output>`` per
-differentiated output; its outputs are the forward outputs followed by ``grad_<input>`` for each input
-of ``wrt``. The forward nodes are copied (a rule may rewrite its node, as attention does to return its
+differentiated output, in the order of the outputs; its outputs are the forward outputs followed by
+``grad_<input>`` for each input of ``wrt``. Where a cotangent's name is taken (a pass-through output x, whose
+``grad_x`` is the gradient of input x), it is ``grad_<output>_cotangent``. The forward nodes are copied (a rule may rewrite its node, as attention does to return its
 softmax statistics), then every node that lies between a ``wrt`` input and a differentiated output
 gets its vector-Jacobian product from the rule registered for its op, in reverse topological order;
 contributions to one value are summed with Add.
@@ -153,6 +154,26 @@ def _dependents(graph: Graph, order: list[Node], sources: list[Value]) -> set[in
     return found
 
 
+def _cotangent_names(graph: Graph, sources: list[Value], targets: list[Value]) -> list[str]:
+    """The cotangent input of each output differentiated: ``grad_<output>``, unless that name is taken by a name of
+    the graph or a gradient output ``grad_<input>``; it is then ``grad_<output>_cotangent`` (with ``_1``, ``_2``, ...
+    while taken). That happens for a pass-through output (a graph input that is also an output): ``grad_x`` is the
+    gradient of input x, and the cotangent of output x must have another name."""
+    taken = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | {f"grad_{v.name}" for v in sources}
+    names = []
+    for v in targets:
+        name = f"grad_{v.name}"
+        if name in taken:
+            stem = name = f"grad_{v.name}_cotangent"
+            count = 0
+            while name in taken:
+                count += 1
+                name = f"{stem}_{count}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
 def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str | None = None,
                   outputs: Sequence[str] | str | None = None) -> Graph:
     """The reverse-mode derivative of ``graph``, built with ``builder`` (a fresh, empty GraphBuilder): forward
@@ -163,7 +184,7 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
         builder: where the derivative graph is built.
         wrt: names of the floating inputs to differentiate with respect to (default: every floating input).
         outputs: names of the floating outputs that receive a cotangent input ``grad_<output>`` (default: every
-            floating output).
+            floating output; ``grad_<output>_cotangent`` where ``grad_<output>`` is a name taken already).
 
     Raises:
         GraphError: the graph is not built, a name is unknown or not floating, an op on the way from ``wrt`` to
@@ -183,7 +204,8 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
         hook = vjp_rewrite(node.op_type, node.domain)   # attention returns its statistics in the copy
         return None if hook is None else hook(ctx, node, inputs)
     ctx.mapping.update(b.copy_from(graph, rewrite, outputs=False))
-    cotangents = {id(v): b.input(f"grad_{v.name}", v.type.dtype, v.type.shape) for v in targets}
+    names = _cotangent_names(graph, sources, targets)
+    cotangents = {id(v): b.input(names[i], v.type.dtype, v.type.shape) for i, v in enumerate(targets)}
     depends = ctx.depends = _dependents(graph, order, sources)
     for node in reversed(order):
         out_grads = [cotangents.get(id(v)) if v is not None else None for v in node.outputs]

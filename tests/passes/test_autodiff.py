@@ -21,14 +21,19 @@ def directional_error(graph: geir.Graph, feeds: dict, wrt=None, seed: int = 0) -
     derivative = geir.grad(graph, wrt=wrt)
     names = [v.name for v in graph.inputs if v.dtype.is_floating and (wrt is None or v.name in wrt)]
     outputs = [v for v in graph.outputs if v.dtype.is_floating]
-    cotangents = {f"grad_{v.name}": rng.standard_normal(v.type.shape) for v in outputs}
+    # the cotangent inputs follow the forward inputs, one per output in order (grad_<output>, or another name where
+    # that one is taken: a pass-through output)
+    cotangent_names = [v.name for v in derivative.inputs[len(graph.inputs):]]
+    assert len(cotangent_names) == len(outputs)
+    cotangents = {name: rng.standard_normal(v.type.shape) for name, v in zip(cotangent_names, outputs)}
     base = {k: (a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a)
             for k, a in feeds.items()}
     got = reference(derivative, {**base, **cotangents}, rounded=False)
     direction = {k: rng.standard_normal(base[k].shape) for k in names}
     shifted = [reference(graph, {**base, **{k: base[k] + sign * EPS * direction[k] for k in names}}, rounded=False)
                for sign in (1, -1)]
-    fd = sum(np.sum(cotangents[f"grad_{v.name}"] * (shifted[0][v.name] - shifted[1][v.name])) for v in outputs) / (2 * EPS)
+    fd = sum(np.sum(cotangents[name] * (shifted[0][v.name] - shifted[1][v.name]))
+             for name, v in zip(cotangent_names, outputs)) / (2 * EPS)
     analytic = sum(np.sum(got[f"grad_{k}"] * direction[k]) for k in names)
     return abs(fd - analytic) / max(abs(fd), 1e-12)
 
@@ -349,3 +354,37 @@ def test_a_rule_that_fails_is_a_graph_error_naming_the_node(monkeypatch):
     graph = _graph("tanh", {"a": (2, 3)}, lambda b, a: b.op("Tanh", a))
     with pytest.raises(geir.GraphError, match=r"the VJP rule of Tanh 'Tanh_0' failed: IndexError: surprise"):
         geir.grad(graph)
+
+
+def test_pass_through_outputs_get_their_own_cotangent_input():
+    """Issue 23 item 22: an output that is a graph input x had its cotangent named grad_x, the name of x's gradient:
+    geir.grad failed with "output name 'grad_x' is already used". The cotangent is now grad_x_cotangent."""
+    b = geir.GraphBuilder("pass_through")
+    x = b.input("x", "float32", (2, 3))
+    other = b.input("grad_y", "float32", (2, 3))          # a forward input that holds the name grad_y too
+    b.output(x)
+    b.output(b.op("Neg", b.op("Mul", x, other)), "y")
+    graph = b.build()
+    derivative = geir.grad(graph)
+    assert [v.name for v in derivative.inputs] == ["x", "grad_y", "grad_x_cotangent", "grad_y_cotangent"]
+    assert [v.name for v in derivative.outputs] == ["x", "y", "grad_x", "grad_grad_y"]
+    rng = np.random.default_rng(7)
+    feeds = {k: rng.standard_normal((2, 3)).astype(np.float32) for k in ("x", "grad_y", "grad_x_cotangent",
+                                                                          "grad_y_cotangent")}
+    for runtime in ("numpy", "onnxruntime"):
+        got = geir.run(derivative, feeds, runtime=runtime)
+        np.testing.assert_allclose(got["grad_x"], feeds["grad_x_cotangent"] - feeds["grad_y"] * feeds["grad_y_cotangent"],
+                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["grad_grad_y"], -feeds["x"] * feeds["grad_y_cotangent"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(got["x"], feeds["x"])
+    assert directional_error(graph, _feeds(graph)) < 1e-7
+
+
+def test_an_output_that_is_only_an_input_passes_its_cotangent_through():
+    b = geir.GraphBuilder("identity_graph")
+    b.output(b.input("x", "float32", (3,)))
+    derivative = geir.grad(b.build())
+    u = np.array([1.5, -2.0, 0.25], np.float32)
+    for runtime in ("numpy", "onnxruntime"):
+        got = geir.run(derivative, {"x": np.zeros(3, np.float32), "grad_x_cotangent": u}, runtime=runtime)
+        np.testing.assert_array_equal(got["grad_x"], u)
