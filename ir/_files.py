@@ -1,12 +1,16 @@
-"""Reading a file that comes from outside (an ONNX model, a cached library) without trusting it."""
+"""Files geir reads and writes: reading one that comes from outside (an ONNX model, a cached library) without
+trusting it, and writing one so that a failure never leaves it empty or half written."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
-__all__ = ["FileRefused", "read_regular_file"]
+__all__ = ["FileRefused", "read_regular_file", "replacing", "write_file"]
 
 
 class FileRefused(ValueError):
@@ -37,3 +41,55 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, follow_links: bool
         if info.st_size > limit:
             raise FileRefused(f"is {info.st_size} bytes, more than {limit}")
         return f.read(limit + 1)
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file to write ``path``'s new content to: a temporary file beside it, renamed over ``path`` only
+    when the block ends without an exception and removed otherwise, so ``path`` keeps its old bytes (or stays
+    absent) whatever fails.
+
+    A new file gets the mode ``open()`` would give it (umask applied); a replaced file keeps its mode. A link is
+    written through (the file it names is replaced). A target that exists and is not a regular file (a FIFO,
+    ``/dev/stdout``) cannot be renamed over: it is written directly. OSError when the directory is missing or
+    not writable.
+    """
+    target = os.path.realpath(os.fspath(path))
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        with open(target, "wb") as direct:
+            yield direct
+        return
+    directory, name = os.path.split(target)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:                               # mkstemp would create it 0600; O_EXCL keeps the name ours alone
+        temp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(temp, flags, 0o666 if info is None else stat.S_IMODE(info.st_mode))
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:                # name the file asked for, not the temporary one
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if info is not None:                  # os.open's mode passed through the umask: give the old mode back
+            os.chmod(temp, stat.S_IMODE(info.st_mode))
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def write_file(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` through ``replacing``: all of it, or ``path`` is untouched."""
+    payload = data.encode() if isinstance(data, str) else data
+    with replacing(path) as f:
+        f.write(payload)

@@ -17,6 +17,7 @@ from ..schemas._onnx_body import Body
 from ..schemas.lowering import LOWERINGS, LoweringSpec
 from ._core import CANN_DOMAIN, Graph, Node
 from ._errors import GraphError
+from ._files import write_file
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_to_onnx, value_info
 from ._types import TensorType
@@ -71,9 +72,9 @@ def to_onnx(graph: Graph) -> ModelProto:
 
 
 def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
-    """Write ``to_onnx(graph)`` to ``path``."""
-    with open(path, "wb") as f:
-        f.write(to_onnx(graph).SerializeToString())
+    """Write ``to_onnx(graph)`` to ``path``. The model is exported and serialised first and the file replaced
+    only when all of it is written, so a graph that cannot be exported (or a full disk) leaves ``path`` as it was."""
+    write_file(path, to_onnx(graph).SerializeToString())
 
 
 def _lowering_spec(node: Node, schema):
