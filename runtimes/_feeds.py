@@ -13,16 +13,11 @@ __all__ = ["as_feed_array", "validate_feeds"]
 
 
 def as_feed_array(feed: object, where: str) -> np.ndarray:
-    """A NumPy array of the values fed, converted where that is exact: PyTorch tensors (also bfloat16
-    and ones that require grad, detached), arrays of non-native byte order. ExecutionError otherwise."""
+    """A NumPy array of the values fed, converted where that is exact: PyTorch tensors (also bfloat16, ones
+    that require grad, detached, and negative or conjugate views, resolved), arrays of non-native byte order.
+    ExecutionError otherwise (a sparse, meta or other tensor without plain strided data, say)."""
     if type(feed).__module__.split(".")[0] == "torch" and hasattr(feed, "detach"):
-        tensor = feed.detach().cpu()
-        if str(tensor.dtype) == "torch.bfloat16":   # NumPy has no bfloat16: reinterpret the bits
-            import ml_dtypes
-            import torch
-
-            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        feed = tensor.numpy()
+        feed = _tensor_as_array(feed, where)
     try:
         array = np.asarray(feed)
     except Exception as exc:
@@ -30,6 +25,28 @@ def as_feed_array(feed: object, where: str) -> np.ndarray:
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     return array
+
+
+def _tensor_as_array(feed: object, where: str) -> np.ndarray:
+    """A PyTorch tensor's values as a NumPy array (torch is imported lazily: it is optional for geir)."""
+    import torch
+
+    tensor = feed.detach()  # type: ignore[attr-defined]
+    if tensor.layout != torch.strided:
+        raise ExecutionError(f"{where}: a torch tensor of layout {tensor.layout} is not a dense array; convert it "
+                             f"with .to_dense() first")
+    if tensor.is_meta:
+        raise ExecutionError(f"{where}: a torch tensor on the meta device has no data to run on")
+    try:
+        tensor = tensor.cpu().resolve_neg().resolve_conj()   # a negative or conjugate view: the values it means
+        if tensor.dtype == torch.bfloat16:   # NumPy has no bfloat16: reinterpret the bits
+            import ml_dtypes
+
+            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+    except Exception as exc:   # a quantized, nested or other tensor NumPy cannot hold
+        raise ExecutionError(f"{where}: cannot be read as an array (a torch tensor of dtype {tensor.dtype}: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def _static_inputs(graph: Graph) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...] | None:
