@@ -21,8 +21,9 @@ from ...schemas.targets import TARGETS
 from .._api import check
 from .._core import Graph as GeirGraph
 from .._errors import ExecutionError, GeirWarning, GraphError
+from .._files import replacing
 from .._types import TensorType
-from .._onnx_export import save_onnx
+from .._onnx_export import to_onnx
 from ._graph import Graph, desc_of
 from ._tensor import FAILED, SUCCESS, UNKNOWN_DIM, Tensor, ge_data_type
 
@@ -210,8 +211,10 @@ def aclgrphDumpGraph(graph: Graph, file: str, length: int | None = None) -> int:
         path = Path(file)
         if path.parent and not path.parent.exists():
             path.parent.mkdir(parents=True)
-        save_onnx(built, str(path) + ".onnx")
-        Path(str(path) + ".txt").write_text(str(built) + "\n")
+        model, text = to_onnx(built).SerializeToString(), (str(built) + "\n").encode()
+        with replacing(str(path) + ".onnx") as onnx_file, replacing(str(path) + ".txt") as text_file:
+            onnx_file.write(model)             # both written in full before either replaces the old dump
+            text_file.write(text)
 
     try:
         dump()

@@ -86,3 +86,26 @@ def test_save_onnx_that_fails_to_export_leaves_the_file_as_it_was(tmp_path, monk
     assert path.read_bytes() == before and _leftovers(tmp_path, "model.onnx") == []
     monkeypatch.undo()
     assert geir.load_onnx(str(path)).nodes[0].op_type == ROPE
+
+
+def test_a_graph_dump_that_fails_to_write_leaves_both_files_as_they_were(tmp_path, monkeypatch):
+    """aclgrphDumpGraph writes ``.onnx`` and ``.txt`` in full before either replaces the previous dump: a disk
+    that fills up while the text is flushed returns FAILED and keeps the old pair, not a truncated text."""
+    from geir import ge
+
+    stem = str(tmp_path / "dump")
+    assert ge.aclgrphDumpGraph(_graph(), stem) == ge.SUCCESS
+    before = {suffix: Path(stem + suffix).read_bytes() for suffix in (".onnx", ".txt")}
+    fsync = os.fsync
+
+    def text_disk_full(fd: int) -> None:          # only the text file's flush fails
+        if ".txt" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(28, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", text_disk_full)
+    other = rotary_graph(ROPE, (2, 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[0, 8])
+    assert ge.aclgrphDumpGraph(other, stem) == ge.FAILED
+    assert "No space left on device" in ge.GEGetErrorMsgV2()
+    assert {suffix: Path(stem + suffix).read_bytes() for suffix in before} == before
+    assert _leftovers(tmp_path, "dump.onnx", "dump.txt") == []
