@@ -7,9 +7,13 @@ import subprocess
 import sys
 import textwrap
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import geir
 from geir import testing
@@ -61,6 +65,169 @@ def test_precision_standard_and_bit_exact_name_the_worst_element():
         testing.assert_close(np.zeros(2), np.zeros(3))
     with pytest.raises(ValueError, match="standard: expected one of diff_ratio, precision_standard, bit_exact"):
         testing.assert_close(nan, nan, standard="ulp")
+
+
+def test_bit_exact_compares_values_and_never_casts_the_expected_one():
+    for actual, expected in ((np.array([1], np.int32), [1.7]), (np.array([0], np.uint8), [256.0]),
+                             (np.array([True]), [5.0]), (np.array([2 ** 63 + 1], np.uint64), [float(2 ** 63)]),
+                             (np.array([-1], np.int64), np.array([2 ** 64 - 1], np.uint64)),
+                             (np.array([0.1], np.float32), [0.1]), (np.array([-np.inf], np.float16), [-2.0 ** 63])):
+        with pytest.raises(AssertionError, match=r"1 of 1 elements fail bit_exact: every element is exactly the "
+                                                 r"expected value \(actual \w+, expected \w+: equal as numbers"):
+            testing.assert_close(actual, np.asarray(expected), standard="bit_exact")
+    with pytest.raises(AssertionError, match=r"worst at index \(0,\): actual np.int32\(1\), expected np.float64\(1.7\)"):
+        testing.assert_close(np.array([1], np.int32), [1.7], standard="bit_exact")
+    with pytest.raises(AssertionError, match=r"actual np.int64\(4611686018427387905\), expected np.int64\("
+                                             r"4611686018427387904\), absolute error 1,"):  # exact beyond 2**53
+        testing.assert_close(np.array([2 ** 62 + 1]), np.array([2 ** 62]), standard="bit_exact")
+    testing.assert_close(np.array([1, 0], np.int32), np.array([1.0, -0.0]), standard="bit_exact")   # equal numbers
+    testing.assert_close(np.array([True, False]), np.array([1, 0], np.uint64), standard="bit_exact")
+    testing.assert_close(np.array([0.5, np.nan], np.float16), np.array([0.5, np.nan]), standard="bit_exact")
+    with pytest.raises(ValueError, match=r"actual: dtype: expected bool, an integer or a floating dtype, got complex64"):
+        testing.assert_close(np.zeros(2, np.complex64), np.zeros(2, np.complex64), standard="bit_exact")
+
+
+def test_special_values_layouts_and_shapes():
+    inf = np.array([np.inf, -np.inf, np.nan, 1.0], np.float16)
+    for standard in testing.STANDARDS:
+        testing.assert_close(inf, inf.copy(), standard=standard)        # equal infinities and NaN positions pass
+        with pytest.raises(AssertionError, match=r"1 of 4 elements fail"):
+            testing.assert_close(inf, inf[[1, 1, 2, 3]], standard=standard)                # inf against -inf
+        with pytest.raises(AssertionError, match=r"2 of 4 elements fail"):
+            testing.assert_close(inf, inf[[0, 1, 3, 2]], standard=standard)                # NaNs elsewhere
+        with pytest.raises(AssertionError, match=r"shape \[1\] differs from the expected \[\]"):
+            testing.assert_close(inf[:1], inf[0], standard=standard)                        # no broadcast
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for actual in (x.T, x[:, ::-2], x.astype(">f4"), np.float32(3.0), x[:0]):
+        testing.assert_close(actual, np.array(actual, actual.dtype.newbyteorder("=")), standard="bit_exact")
+    testing.assert_close(x.astype(">f2"), x.astype(np.float16), standard="precision_standard")   # '>f2' is float16
+
+
+def test_run_all_runtimes_passes_equal_overflowing_outputs_and_checks_dtypes(monkeypatch):
+    b = geir.GraphBuilder("overflow")
+    x = b.input("x", "float16", (2, 3))
+    b.output(b.op("Mul", x, x), "y")
+    g = b.build()
+    out = testing.run_all_runtimes(g, {"x": np.full((2, 3), 300, np.float16)})      # 300 * 300 is inf in float16
+    assert np.isposinf(out["y"]).all()
+    from geir.runtimes.onnxruntime import _session
+
+    real_run = _session.OnnxRuntimeExecutable.run
+    monkeypatch.setattr(_session.OnnxRuntimeExecutable, "run",
+                        lambda self, feeds: {k: v.astype(np.float32) for k, v in real_run(self, feeds).items()})
+    with pytest.raises(AssertionError, match=r"output 'y' on onnxruntime vs numpy: dtype float32 differs from float16"):
+        testing.run_all_runtimes(g, {"x": np.ones((2, 3), np.float16)})
+
+
+# -- the kit's own properties: every dtype, shape (0-d, empty), special value and memory layout -------------------
+DTYPES = [np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                                np.uint64, np.float16, np.float32, np.float64, ml_dtypes.bfloat16)]
+POOL = [0, -0.0, 1, -1, 0.5, 1.7, 2, 127, 128, 255, 256, -129, 65504, 65520, 2 ** 24 + 1, 2 ** 31, 2 ** 53 + 1,
+        2 ** 63, 2 ** 63 + 1, 2 ** 64 - 1, -2 ** 63, 1e-8, 3.0e38, 1e300, math.inf, -math.inf, math.nan]
+LAYOUTS = ("contiguous", "transposed", "strided", "reversed", "big-endian")
+
+
+def _array(values: list, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` in ``dtype``; a value an integer dtype cannot hold becomes 0 (the oracle reads the array back)."""
+    if dtype.kind in "biu":
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        held = [int(v) if isinstance(v, int) or math.isfinite(v) and v == int(v) else 0 for v in values]
+        held = [v if (info is None and v in (0, 1)) or (info and info.min <= v <= info.max) else 0 for v in held]
+        return np.array(held, dtype).reshape(shape)
+    with np.errstate(over="ignore"):
+        return np.array([float(v) for v in values], np.float64).astype(dtype).reshape(shape)
+
+
+def _laid_out(array: np.ndarray, layout: str) -> np.ndarray:
+    """The same values in another memory layout."""
+    if layout == "transposed":
+        return np.array(array.T, order="C").T
+    if layout == "strided":
+        big = np.zeros(tuple(2 * n for n in array.shape), array.dtype)
+        big[(slice(None, None, 2),) * array.ndim] = array
+        return big[(slice(None, None, 2),) * array.ndim]
+    if layout == "reversed":
+        flipped = np.array(array[(slice(None, None, -1),) * array.ndim])
+        return flipped[(slice(None, None, -1),) * array.ndim]
+    if layout == "big-endian" and array.dtype.kind in "iuf":
+        return array.astype(array.dtype.newbyteorder(">"))
+    return array
+
+
+def _python(array: np.ndarray) -> list:
+    """The elements as Python numbers (exact: int for integers and bool, float for float16..float64)."""
+    floating = array.dtype.kind == "f" or array.dtype == ml_dtypes.bfloat16
+    return [float(v) if floating else int(v) for v in array.reshape(-1)]
+
+
+def _equal(x: float | int, y: float | int) -> bool:
+    """The bit_exact rule for one pair, by Python's exact int/float comparison."""
+    if isinstance(x, float) and isinstance(y, float):
+        return math.isnan(x) and math.isnan(y) or x == y and math.copysign(1, x) == math.copysign(1, y)
+    return x == y
+
+
+@st.composite
+def _pairs(draw, same_dtype: bool = False):
+    shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
+    size = math.prod(shape)
+    a_dtype = draw(st.sampled_from(DTYPES))
+    e_dtype = a_dtype if same_dtype or draw(st.booleans()) else draw(st.sampled_from(DTYPES))
+    a_values = draw(st.lists(st.sampled_from(POOL), min_size=size, max_size=size))
+    e_values = [v if keep else other for v, keep, other in zip(a_values, draw(st.lists(
+        st.booleans(), min_size=size, max_size=size)), draw(st.lists(st.sampled_from(POOL), min_size=size, max_size=size)))]
+    actual, expected = _array(a_values, a_dtype, shape), _array(e_values, e_dtype, shape)
+    return actual, expected, draw(st.sampled_from(LAYOUTS)), draw(st.sampled_from(LAYOUTS))
+
+
+def _bit_exact_is_the_elementwise_rule(pair) -> None:
+    actual, expected, a_layout, e_layout = pair
+    failing = sum(not _equal(x, y) for x, y in zip(_python(actual), _python(expected)))
+    try:
+        testing.assert_close(_laid_out(actual, a_layout), _laid_out(expected, e_layout), standard="bit_exact")
+    except AssertionError as exc:
+        assert failing and str(exc).startswith(f"output: {failing} of {actual.size} elements fail bit_exact"), exc
+    else:
+        assert not failing
+    testing.assert_close(_laid_out(actual, a_layout), _laid_out(actual, e_layout), standard="bit_exact")
+
+
+def _precision_standard_is_the_elementwise_rule(pair) -> None:
+    actual, expected, a_layout, e_layout = pair
+    if actual.dtype.name not in ("float16", "bfloat16", "float32"):
+        with np.errstate(over="ignore"):
+            actual, expected = actual.astype(np.float32), expected.astype(np.float32)
+    bound = testing.precision_standard(actual.dtype.name)
+    failing = sum(not (math.isnan(x) and math.isnan(y) or x == y or abs(x - y) <= bound)
+                  for x, y in zip(_python(actual), _python(expected)))
+    for standard in ("precision_standard", "diff_ratio"):
+        testing.assert_close(_laid_out(actual, a_layout), _laid_out(actual, e_layout), standard=standard)
+    try:
+        testing.assert_close(_laid_out(actual, a_layout), _laid_out(expected, e_layout), standard="precision_standard")
+    except AssertionError as exc:
+        assert failing and f": {failing} of {actual.size} elements fail precision_standard" in str(exc), exc
+    else:
+        assert not failing
+
+
+def _never_broadcasts(pair) -> None:
+    actual = pair[0]
+    for other in (actual[None], actual[..., None], np.zeros((), actual.dtype), np.zeros((1,) * actual.ndim, actual.dtype)):
+        if other.shape != actual.shape:                  # each broadcasts against actual; none may be compared
+            for standard in testing.STANDARDS:
+                for a, e in ((actual, other), (other, actual)):
+                    with pytest.raises(AssertionError, match=r"shape .* differs from the expected"):
+                        testing.assert_close(a, e, standard=standard, dtype="float32")
+
+
+test_bit_exact_is_the_elementwise_rule = settings(max_examples=300)(given(_pairs())(_bit_exact_is_the_elementwise_rule))
+test_precision_standard_is_the_elementwise_rule = settings(max_examples=200)(
+    given(_pairs(same_dtype=True))(_precision_standard_is_the_elementwise_rule))
+test_a_shape_mismatch_never_broadcasts = settings(max_examples=50)(given(_pairs())(_never_broadcasts))
+test_bit_exact_is_the_elementwise_rule_long = pytest.mark.slow(settings(max_examples=4000)(
+    given(_pairs())(_bit_exact_is_the_elementwise_rule)))
+test_precision_standard_is_the_elementwise_rule_long = pytest.mark.slow(settings(max_examples=3000)(
+    given(_pairs(same_dtype=True))(_precision_standard_is_the_elementwise_rule)))
 
 
 def test_reference_is_the_float64_math_rounded_once():

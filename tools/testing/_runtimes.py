@@ -19,18 +19,22 @@ BIT_EXACT_OPS = frozenset({(rotary.FORWARD.domain, rotary.FORWARD.op_type), (rot
 
 def run_all_runtimes(graph: Graph, feeds: Mapping[str, np.ndarray], *, standard: str = "precision_standard",
                      compute_count: int = 0) -> dict[str, np.ndarray]:
-    """Run ``graph`` on every runtime, assert that each agrees with the first (bit for bit for a graph of
-    rotary ops only, else within ``standard``), and return the first runtime's outputs."""
+    """Run ``graph`` on every runtime, assert that each agrees with the first (the same output names, dtypes and
+    shapes; bit for bit for a graph of rotary ops only and for every non-floating output, else within
+    ``standard``), and return the first runtime's outputs."""
     names = runtime_names()
     results = {name: get_runtime(name).compile(graph).run(feeds) for name in names}
     exact = all((n.domain, n.op_type) in BIT_EXACT_OPS for n in graph.nodes)
     first = results[names[0]]
     for name in names[1:]:
+        if sorted(results[name]) != sorted(first):
+            raise AssertionError(f"outputs on {name} are {sorted(results[name])}, on {names[0]} {sorted(first)}")
         for output, want in first.items():
             got = results[name][output]
-            if want.dtype.kind not in "fV" and want.dtype.name != "bfloat16":
-                np.testing.assert_array_equal(got, want, err_msg=f"{output} on {name} vs {names[0]}")
-                continue
-            assert_close(got, want, standard="bit_exact" if exact else standard, compute_count=compute_count,
-                         name=f"output '{output}' on {name} vs {names[0]}")
+            subject = f"output '{output}' on {name} vs {names[0]}"
+            if got.dtype != want.dtype:
+                raise AssertionError(f"{subject}: dtype {got.dtype.name} differs from {want.dtype.name}")
+            floating = want.dtype.kind == "f" or want.dtype.name == "bfloat16"
+            assert_close(got, want, standard="bit_exact" if exact or not floating else standard,
+                         compute_count=compute_count, name=subject)
     return first
