@@ -37,6 +37,7 @@ GEIR_OPTIONS = {"geir.runtime": "numpy | onnxruntime (default numpy)",
 class _State:
     def __init__(self) -> None:
         self.initialized = False
+        self.generation = 0           # GEFinalize counts up: a session of an older generation is closed
         self.options: dict[str, str] = {}
         self.errors: list[str] = []
         self.warnings: list[str] = []
@@ -80,6 +81,10 @@ def GEInitialize(options: Mapping[str, str] | None = None) -> int:
 
 
 def GEFinalize() -> int:
+    """End the facade: as in GE, every session made before is closed (its calls fail, even after a new
+    GEInitialize); the error and warning channels stay readable."""
+    if _STATE.initialized:
+        _STATE.generation += 1
     _STATE.initialized = False
     _STATE.options = {}
     return SUCCESS
@@ -118,13 +123,24 @@ class Session:
             raise GraphError(f"ge.Session: option 'geir.raise_errors': expected '0' or '1', got {raise_errors!r}")
         self.runtime, self.target, self.raise_errors = runtime, target, raise_errors == "1"
         self._graphs: dict[int, tuple[GeirGraph, Any]] = {}
+        self._generation = _STATE.generation
+
+    def _ensure_open(self, call: str, error: type[GraphError] | type[ExecutionError]) -> None:
+        """Refuse every call after GEFinalize (AddGraph's message, as before), and on a session that a
+        GEFinalize closed even after a new GEInitialize (GE drops its sessions then)."""
+        closed = self._generation != _STATE.generation
+        if closed:
+            self._graphs.clear()                      # its graphs and executables are gone with it
+        if not _STATE.initialized:
+            raise error(f"Session.{call}: GEInitialize has not been called (or GEFinalize was)")
+        if closed:
+            raise error(f"Session.{call}: this session was closed by GEFinalize; create a new Session")
 
     def AddGraph(self, graph_id: int, graph: Graph, options: Mapping[str, str] | None = None) -> int:
         """Build ``graph`` (and check it against the session's target); FAILED with the message otherwise."""
         def add() -> None:
             _string_map(options, "Session.AddGraph")
-            if not _STATE.initialized:
-                raise GraphError("Session.AddGraph: GEInitialize has not been called (or GEFinalize was)")
+            self._ensure_open("AddGraph", GraphError)
             if not isinstance(graph, Graph):
                 raise GraphError(f"Session.AddGraph: expected a ge.Graph, got {type(graph).__name__}")
             if graph_id in self._graphs:
@@ -139,23 +155,29 @@ class Session:
         return self._answer(add)
 
     def RunGraph(self, graph_id: int, inputs: list[Tensor], outputs: list[Tensor]) -> int:
-        """Run graph ``graph_id`` on ``inputs`` (Data index order); ``outputs`` is filled in output order."""
+        """Run graph ``graph_id`` on ``inputs`` (Data index order); ``outputs`` is filled in output order, and
+        emptied when the run fails (no tensor of an earlier run is left there to be taken for this one's)."""
         def run() -> None:
-            if graph_id not in self._graphs:
-                raise ExecutionError(f"Session.RunGraph: graph id {graph_id} has not been added")
             if not isinstance(outputs, list):
                 raise ExecutionError(f"Session.RunGraph: outputs: expected a list to fill, got {type(outputs).__name__}")
-            graph, executable = self._graphs[graph_id]
-            results = executable.run(_feeds(graph, inputs))
-            outputs.clear()
-            for value in graph.outputs:
-                array = results[value.name]
-                outputs.append(Tensor(desc_of(TensorType(value.dtype, array.shape)), array))
+            try:
+                self._ensure_open("RunGraph", ExecutionError)
+                if graph_id not in self._graphs:
+                    raise ExecutionError(f"Session.RunGraph: graph id {graph_id} has not been added")
+                graph, executable = self._graphs[graph_id]
+                results = executable.run(_feeds(graph, inputs))
+                filled = [Tensor(desc_of(TensorType(v.dtype, results[v.name].shape)), results[v.name])
+                          for v in graph.outputs]
+            except BaseException:
+                outputs.clear()
+                raise
+            outputs[:] = filled
 
         return self._answer(run)
 
     def RemoveGraph(self, graph_id: int) -> int:
         def remove() -> None:
+            self._ensure_open("RemoveGraph", GraphError)
             if self._graphs.pop(graph_id, None) is None:
                 raise GraphError(f"Session.RemoveGraph: graph id {graph_id} has not been added")
 

@@ -214,6 +214,49 @@ def test_add_graph_before_initialize_fails():
     assert "GEInitialize has not been called" in ge.GEGetErrorMsgV2()
 
 
+def test_a_failed_run_graph_leaves_no_earlier_outputs():
+    graph, _, (dy_desc, table_desc) = _rope_graph()
+    session = ge.Session({})
+    assert session.AddGraph(0, graph) == ge.SUCCESS, ge.GEGetErrorMsgV2()
+    _, tensors = _rope_tensors(dy_desc, table_desc)
+    outputs: list = []
+    assert session.RunGraph(0, tensors, outputs) == ge.SUCCESS and len(outputs) == 1
+    assert session.RunGraph(0, tensors[:2], outputs) == ge.FAILED                  # a bad feed
+    assert outputs == [] and "expected 3 tensors" in ge.GEGetErrorMsgV2()
+    assert session.RunGraph(0, tensors, outputs) == ge.SUCCESS and len(outputs) == 1
+    assert session.RunGraph(5, tensors, outputs) == ge.FAILED and outputs == []    # a graph id never added
+    raising = ge.Session({"geir.raise_errors": "1"})
+    raising.AddGraph(0, graph)
+    outputs = ["stale"]
+    with pytest.raises(geir.ExecutionError, match="expected 3 tensors"):
+        raising.RunGraph(0, [], outputs)
+    assert outputs == []
+
+
+def test_every_session_call_fails_after_ge_finalize():
+    graph, _, (dy_desc, table_desc) = _rope_graph()
+    session = ge.Session({})
+    assert session.AddGraph(0, graph) == ge.SUCCESS, ge.GEGetErrorMsgV2()
+    _, tensors = _rope_tensors(dy_desc, table_desc)
+    outputs: list = []
+    assert session.RunGraph(0, tensors, outputs) == ge.SUCCESS
+    assert ge.GEFinalize() == ge.SUCCESS
+    assert session.RunGraph(0, tensors, outputs) == ge.FAILED and outputs == []
+    assert ge.GEGetErrorMsgV2() == "Session.RunGraph: GEInitialize has not been called (or GEFinalize was)"
+    assert session.RemoveGraph(0) == ge.FAILED
+    assert ge.GEGetErrorMsgV2() == "Session.RemoveGraph: GEInitialize has not been called (or GEFinalize was)"
+    assert session.AddGraph(1, graph) == ge.FAILED
+    assert ge.GEGetErrorMsgV2() == "Session.AddGraph: GEInitialize has not been called (or GEFinalize was)"
+    assert ge.GEInitialize({}) == ge.SUCCESS              # GE dropped the old session: it stays closed
+    for call, action in (("RunGraph", lambda: session.RunGraph(0, tensors, outputs)),
+                         ("RemoveGraph", lambda: session.RemoveGraph(0)), ("AddGraph", lambda: session.AddGraph(0, graph))):
+        assert action() == ge.FAILED
+        assert ge.GEGetErrorMsgV2() == f"Session.{call}: this session was closed by GEFinalize; create a new Session"
+    fresh = ge.Session({})
+    assert fresh.AddGraph(0, graph) == ge.SUCCESS and fresh.RunGraph(0, tensors, outputs) == ge.SUCCESS
+    assert len(outputs) == 1 and fresh.RemoveGraph(0) == ge.SUCCESS
+
+
 @empty_grad_slices_expected
 def test_contract_warnings_go_to_the_warning_channel():
     graph, _, _ = _rope_graph(slice_=(0, 0))
