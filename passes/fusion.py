@@ -1,26 +1,36 @@
 """Rewrite standard-op subgraphs into our ops (``geir.fuse``): the patterns of ``schemas.patterns``.
 
-Every node whose op type is a pattern's anchor is offered to that pattern, in topological order, pattern by
-pattern, and again until nothing changes (patterns compose: a rope on a slice of the head dim is first a
-rope, then a partial rope). A match is kept only if our op, built from it through the GraphBuilder, passes
-every schema rule (a rule that fails turns the match into a near miss with the rule's message) and its
-output has the type of the value it replaces; then that value's uses move to the new node, it keeps the
-graph's output name, and the nodes no output needs any more are removed. The graph's interface (inputs,
-outputs, their names and types) is unchanged.
+Every node whose op type is a pattern's anchor is offered to the patterns of that anchor, in topological
+order, in one sweep (patterns compose: a rope on a slice of the head dim is first a rope, then a partial rope,
+and the rope's Add comes before the Concat), repeated only while a sweep fused something. Each match is
+applied in place, and what it leaves dead is unlinked at once and swept from the node list once per sweep:
+the work is linear in the graph's size (a graph is never rebuilt per match).
+
+What every match must satisfy is checked here, in one place, whatever the pattern:
+- our op, built from the match through the GraphBuilder, passes every schema rule (a rule that fails turns
+  the match into a near miss with the rule's message) and gives the type of the value it replaces;
+- a narrowing integer cast saturates (``Match.casts``): a fed int64 index out of int32's range stays out of
+  range, never wraps into it;
+- the graph still exports: a model holds one ONNX function body per op (``ir/_onnx_export``), so a match whose
+  op would need another body than the op's nodes already in the graph (other optional inputs present, other
+  layout) is a near miss that says so.
+Then the replaced value's uses move to the new node (which keeps the graph's output name). The graph's
+interface (inputs, outputs, their names and types) is unchanged. The patterns themselves own the data
+semantics (index conventions, masks) and prove them in tests/passes/test_fusion_properties.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir._core import Graph
+from ..ir._core import CANN_DOMAIN, Graph, Node, Value
 from ..ir._errors import GraphError
-from ..schemas.patterns import GraphView, Match, NearMiss, patterns
-from .dead_code import drop_unused_constants, live_nodes
+from ..schemas.lowering import LOWERINGS
+from ..schemas.patterns import GraphView, Match, NearMiss, Pattern, patterns
 
 if TYPE_CHECKING:
     from ..ir._builder import GraphBuilder
@@ -61,81 +71,169 @@ class FusionReport:
         return "\n".join(lines)
 
 
-def _apply(graph: Graph, match: Match, extend: Callable[[Graph], GraphBuilder], name: str) -> Any:
-    """Add our op for ``match`` (its rules checked on creation) and move the replaced value's uses to it."""
-    builder = extend(graph)
-    inputs = list(match.inputs)
-    for index, transform in match.transforms.items():
-        inputs[index] = transform(builder, inputs[index], f"{name}_convert{index}")
-    for index, dtype in match.casts.items():
-        inputs[index] = builder.op("Cast", inputs[index], to=dtype, name=f"{name}_cast{index}")
-    for index, shape in match.reshapes.items():
-        target = builder.constant(f"{name}_shape{index}", np.asarray(shape, np.int64))
-        inputs[index] = builder.op("Reshape", inputs[index], target, name=f"{name}_reshape{index}")
-    for index, array in match.constants.items():
-        inputs[index] = builder.constant(f"{name}_input{index}", array)
-    result = getattr(builder, match.op)(*inputs, name=name, **match.attributes)
-    new = result[match.output_index] if isinstance(result, tuple) else result
-    old = match.replaces
-    if new.type.dtype != old.type.dtype or tuple(new.type.shape) != tuple(old.type.shape):
-        raise GraphError(f"{match.op} would give {new.type} where the subgraph gives {old.type}")
-    keep_name = any(o is old for o in graph.outputs)
-    old.replace_all_uses_with(new, graph)
-    live = live_nodes(graph)
-    for node in [n for n in graph.topological_order() if n not in live][::-1]:
-        graph.remove(node)
-    drop_unused_constants(graph)                   # the matched nodes' own constants (slice bounds, axes)
-    if keep_name:
-        new.name = old.name
-    return builder
+INT32 = 6
+INT32_RANGE = (np.iinfo(np.int32).min, np.iinfo(np.int32).max)
 
 
-def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> FusionReport:
-    """Fuse ``graph`` in place (the caller passes a copy) with ``extend = GraphBuilder.extend``; the graph is
-    rebuilt (verified, typed) before it returns."""
-    report = FusionReport(graph.name)
-    seen_misses: set[tuple[str, str, str]] = set()
-    count = 0
-    changed = True
-    while changed:
-        changed = False
+def _body_key(node: Node) -> tuple | None:
+    """What our op's exported function body depends on (as ``ir/_onnx_export`` specialises it): the optional
+    inputs present and the structural attributes; None for an op without a lowering."""
+    entry = LOWERINGS.get((node.domain, node.op_type))
+    if entry is None:
+        return None
+    schema = node.schema
+    present = frozenset(s.name for s, v in zip(schema.inputs, node.inputs) if s.optional and v is not None)
+    return present, tuple((a, node.attributes.get(a)) for a in entry[1])
+
+
+class _Fusion:
+    """One run of the pass over ``graph``: the builder extending it, the nodes each match left dead, the body
+    each of our op types exports with, and the report."""
+
+    def __init__(self, graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> None:
+        self.graph = graph
+        self.builder = extend(graph)
+        self.report = FusionReport(graph.name)
+        self.view = GraphView(graph)
+        self.count = 0
+        self.dead: list[Node] = []
+        self.orphans: list[Value] = []
+        self.outputs = {id(v) for v in graph.outputs}
+        self.bodies: dict[str, tuple[tuple | None, str]] = {}
+        for node in graph.topological_order():
+            if node.domain == CANN_DOMAIN:
+                self.bodies.setdefault(node.op_type, (_body_key(node), node.name))
+        self.seen_misses: set[tuple[str, str, str]] = set()
+        self.by_anchor: dict[str, list[Pattern]] = {}
         for pattern in patterns():
-            for node in graph.topological_order():
-                if node.graph is not graph or node.op_type != pattern.anchor or node.domain != "":
-                    continue
+            self.by_anchor.setdefault(pattern.anchor, []).append(pattern)
+
+    def sweep(self) -> bool:
+        """Offer every standard node to its anchor's patterns in topological order; whether anything fused."""
+        fused = False
+        for node in self.graph.topological_order():
+            for pattern in self.by_anchor.get(node.op_type, ()) if node.domain == "" else ():
+                if node.graph is not self.graph:
+                    break                                  # consumed by an earlier match
                 try:
-                    result = pattern.match(GraphView(graph), node)
+                    result = pattern.match(self.view, node)
                 except Exception as exc:   # a graph the matcher did not foresee: reported, never a crash
                     result = NearMiss(f"the matcher failed on this node ({type(exc).__name__}: {exc})")
                 if isinstance(result, Match):
-                    count += 1
-                    name = f"fused_{result.op}_{count}"
-                    replaced = tuple(n.name for n in result.nodes)
-                    try:
-                        builder = _apply(graph, result, extend, name)
-                    except GraphError as exc:
-                        result = NearMiss(f"{result.op} refused it: {str(exc).splitlines()[0]}")
-                        _undo(graph, name)
-                    else:
-                        graph = builder.build()
-                        report.fused.append(Fused(pattern.name, replaced, f"{result.op} '{name}'"))
-                        changed = True
+                    result = self.fuse(pattern, result)
+                    if result is None:
+                        fused = True
                         break
                 if isinstance(result, NearMiss):
                     key = (pattern.name, node.name, result.reason)
-                    if key not in seen_misses:
-                        seen_misses.add(key)
-                        report.near_misses.append(Missed(pattern.name, node.name, result.reason))
-            if changed:
-                break
-    graph.invalidate()
-    return report
+                    if key not in self.seen_misses:
+                        self.seen_misses.add(key)
+                        self.report.near_misses.append(Missed(pattern.name, node.name, result.reason))
+        self.drop_dead()
+        return fused
+
+    def fuse(self, pattern: Pattern, match: Match) -> NearMiss | None:
+        """Apply ``match``; a NearMiss (and the graph as before) when our op or the export refuses it."""
+        self.count += 1
+        name = f"fused_{match.op}_{self.count}"
+        nodes, constants = len(self.graph.nodes), len(self.graph.constant_values)
+        try:
+            new = self.build(match, name)
+        except GraphError as exc:
+            self.undo(nodes, constants)
+            return NearMiss(f"{match.op} refused it: {str(exc).splitlines()[0]}")
+        old = match.replaces
+        old.replace_all_uses_with(new, self.graph)
+        if id(old) in self.outputs:
+            self.outputs.discard(id(old))
+            self.outputs.add(id(new))
+            new.name = old.name
+        self.unlink_dead(old.producer)
+        self.report.fused.append(Fused(pattern.name, tuple(n.name for n in match.nodes), f"{match.op} '{name}'"))
+        return None
+
+    def build(self, match: Match, name: str) -> Value:
+        """Add our op for ``match`` (its rules checked on creation) and what converts its inputs and output."""
+        builder = self.builder
+        inputs = list(match.inputs)
+        for index, transform in match.transforms.items():
+            inputs[index] = transform(builder, inputs[index], f"{name}_convert{index}")
+        for index, dtype in match.casts.items():
+            value = inputs[index]
+            if dtype == INT32 and value.type.dtype.numpy.kind in "iu" and value.type.dtype.numpy.itemsize > 4:
+                low, high = (builder.constant(f"{name}_{end}{index}", np.array(bound, value.type.dtype.numpy))
+                             for end, bound in zip(("min", "max"), INT32_RANGE))
+                value = builder.op("Clip", value, low, high, name=f"{name}_saturate{index}")
+            inputs[index] = builder.op("Cast", value, to=dtype, name=f"{name}_cast{index}")
+        for index, shape in match.reshapes.items():
+            target = builder.constant(f"{name}_shape{index}", np.asarray(shape, np.int64))
+            inputs[index] = builder.op("Reshape", inputs[index], target, name=f"{name}_reshape{index}")
+        for index, array in match.constants.items():
+            inputs[index] = builder.constant(f"{name}_input{index}", array)
+        result = getattr(builder, match.op)(*inputs, name=name, **match.attributes)
+        new = result[match.output_index] if isinstance(result, tuple) else result
+        key, (body, owner) = _body_key(new.producer), self.bodies.get(match.op, (None, ""))
+        if owner and key != body:
+            raise GraphError(f"the graph could no longer be exported: {match.op} '{owner}' already has an ONNX "
+                             f"function body of another form (optional inputs, layout), and a model holds one per op")
+        if match.finish is not None:
+            new = match.finish(builder, new, inputs, f"{name}_finish")
+        old = match.replaces
+        if new.type.dtype != old.type.dtype or tuple(new.type.shape) != tuple(old.type.shape):
+            raise GraphError(f"{match.op} would give {new.type} where the subgraph gives {old.type}")
+        self.bodies.setdefault(match.op, (key, name))
+        return new
+
+    def unlink_dead(self, start: Node | None) -> None:
+        """Unlink ``start`` and, transitively, the producers only it used, when no node or graph output reads
+        them any more (only the matched region is visited)."""
+        stack = [start]
+        while stack:
+            node = stack.pop()
+            if node is None or node.graph is not self.graph or any(
+                    v is not None and (v.uses or id(v) in self.outputs) for v in node.outputs):
+                continue
+            node.graph = None                              # skipped by the sweep, swept from the list after it
+            self.dead.append(node)
+            for i, value in enumerate(node.inputs):
+                if value is None:
+                    continue
+                node.set_input(i, None)
+                if value.producer is not None:
+                    stack.append(value.producer)
+                elif not value.uses and value.name in self.graph.constants:
+                    self.orphans.append(value)
+
+    def drop_dead(self) -> None:
+        """Sweep the unlinked nodes and the constants only they read (slice bounds, axes) in one pass each."""
+        if self.dead:
+            self.graph.nodes = [n for n in self.graph.nodes if n.graph is self.graph]
+            self.dead = []
+        orphans = {id(v) for v in self.orphans if not v.uses and id(v) not in self.outputs}
+        if orphans:
+            for value in self.graph.constant_values:
+                if id(value) in orphans:
+                    del self.graph.constants[value.name]
+            self.graph.constant_values = [v for v in self.graph.constant_values if id(v) not in orphans]
+        self.orphans = []
+        self.graph.invalidate()
+
+    def undo(self, nodes: int, constants: int) -> None:
+        """Remove what a refused match added (the nodes and constants appended since), so the graph is as before."""
+        for node in self.graph.nodes[nodes:]:
+            node.graph = None
+            for i in range(len(node.inputs)):
+                node.set_input(i, None)
+        del self.graph.nodes[nodes:]
+        for value in self.graph.constant_values[constants:]:
+            del self.graph.constants[value.name]
+        del self.graph.constant_values[constants:]
 
 
-def _undo(graph: Graph, name: str) -> None:
-    """Remove what a refused match added (its casts, reshapes, constants and, if it was created, its node), so the
-    graph is as before."""
-    for node in [n for n in graph.topological_order() if n.name == name or n.name.startswith(f"{name}_")][::-1]:
-        if not any(v is not None and v.uses for v in node.outputs):
-            graph.remove(node)
-    drop_unused_constants(graph, f"{name}_")
+def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> FusionReport:
+    """Fuse ``graph`` in place (the caller passes a copy, and builds it after: verified, typed) with
+    ``extend = GraphBuilder.extend``."""
+    fusion = _Fusion(graph, extend)
+    while fusion.sweep():
+        pass
+    return fusion.report

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GraphView", "Match", "NearMiss", "Pattern", "patterns", "register_pattern"]
+__all__ = ["GraphView", "Match", "NearMiss", "Pattern", "gather_ids", "normalised_ids", "patterns", "register_pattern"]
 
 
 @dataclass
@@ -31,14 +31,20 @@ class Match:
     nodes: list[Any]
     output_index: int = 0
     casts: dict[int, int] = field(default_factory=dict)
-    """Inputs to cast first (index -> ONNX dtype): an int64 index tensor our op takes as int32, say."""
+    """Inputs to cast first (index -> ONNX dtype): an int64 index tensor our op takes as int32, say. The pass
+    saturates a narrowing integer cast (a value out of int32's range becomes its bound, which no index rule
+    accepts), so a fed 2**32 + r never wraps to r."""
     constants: dict[int, np.ndarray] = field(default_factory=dict)
-    """Inputs that are new constants (index -> array): weights of one for a sum without probs, say."""
+    """Inputs that are new constants (index -> array): weights of one for a sum without probs, say, or constant
+    indices normalised at fuse time."""
     reshapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Inputs to reshape first (index -> static shape): a key of one KV head, say (after any cast)."""
     transforms: dict[int, Callable[[Any, Any, str], Any]] = field(default_factory=dict)
     """Inputs computed from a value by nodes the match adds (index -> ``f(builder, value, name)``), before the
     casts: an index convention converted, say."""
+    finish: Callable[[Any, Any, list[Any], str], Any] | None = None
+    """``f(builder, output, inputs, name)``: nodes after our op that keep the subgraph's meaning where the op's
+    differs (NaN rows where the subgraph gives NaN, say); ``inputs`` are the op's inputs as built."""
 
 
 @dataclass
@@ -185,3 +191,24 @@ class GraphView:
 
     def last_axis(self, value: Any, axis: int) -> bool:
         return axis % len(value.type.shape) == len(value.type.shape) - 1
+
+
+def normalised_ids(array: np.ndarray, size: int) -> np.ndarray:
+    """Indices into an axis of ``size`` as ONNX Gather reads them: ``[-size, 0)`` counts from the end; any other
+    value is left as it is (out of range for Gather and for our ops' index rules alike)."""
+    array = np.asarray(array).astype(np.int64)
+    return np.where((array < 0) & (array >= -size), array + size, array)
+
+
+def gather_ids(size: int) -> Callable[[Any, Any, str], Any]:
+    """A ``Match.transforms`` entry that gives a fed index tensor Gather's meaning before our op reads it
+    (``normalised_ids`` in the graph): -1 is the last row, as in the subgraph, never padding."""
+    def transform(builder: Any, idx: Any, name: str) -> Any:
+        dtype = idx.type.dtype.numpy
+        zero = builder.constant(f"{name}_zero", np.array(0, dtype))
+        low = builder.constant(f"{name}_low", np.array(-size, dtype))
+        negative = builder.op("And", builder.op("Less", idx, zero, name=f"{name}_neg"),
+                              builder.op("GreaterOrEqual", idx, low, name=f"{name}_inrange"), name=f"{name}_wraps")
+        size_ = builder.constant(f"{name}_size", np.array(size, dtype))
+        return builder.op("Where", negative, builder.op("Add", idx, size_, name=f"{name}_add"), idx, name=name)
+    return transform

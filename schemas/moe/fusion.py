@@ -2,18 +2,24 @@
 
 ``ReduceSum(Reshape(Gather(P, idx, axis=0), (T, K, H)) [* probs as (T, K, 1)], axis 1)``: the expert-sorted rows
 gathered slot by slot (slot t*K + k -> row: CANN's sorted_indices convention), weighted, summed over K (without
-probs: weights of one, unless K is 1). int64 indices are cast to int32. The op adds what the subgraph adds, except that it skips zero weights (a NaN row
-with weight 0 stays out, as CANN does) and requires ``idx`` to be a permutation (MU-D1): a constant idx is
-checked now, a fed one when the graph runs. Rows written to their slots instead (``ScatterND`` of the rows at
+probs: weights of one, so every fused unpermute has the one ONNX body with probs). Indices keep Gather's meaning:
+a negative id counts from the end (normalised in the graph, or now for a constant idx), and an int64 id beyond
+int32 saturates (the pass) instead of wrapping. The op adds what the subgraph adds, except that it skips zero
+weights (a NaN row with weight 0 stays out, as CANN does) and requires ``idx`` to be a permutation (MU-D1): a
+constant idx is checked now, a fed one when the graph runs (an ExecutionError, never another result); P must have
+at least M rows (the op reads ids in [R, M) as dropped slots, where Gather fails). Rows written to their slots instead (``ScatterND`` of the rows at
 ``Unsqueeze(row2slot, -1)``, PyTorch's ``out[row2slot] = rows``) are the gather by the inverse permutation: the
 index convention is converted in the graph (ScatterElements of 0..M-1 at row2slot, the CANN sorted_indices).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
-from ..patterns import GraphView, Match, NearMiss, register_pattern
+from ..patterns import GraphView, Match, NearMiss, gather_ids, normalised_ids, register_pattern
 from .schema import FORWARD
 
 INT32 = 6
@@ -51,7 +57,7 @@ def _unpermute(view: GraphView, reduce):
     reshape = view.producer(rows, "Reshape")
     source = reshape.inputs[0] if reshape is not None else None
     gather, scatter = view.producer(source, "Gather"), view.producer(source, "ScatterND")
-    transforms = {}
+    transforms: dict[int, Callable[[Any, Any, str], Any]] = {}
     if scatter is not None:          # rows written to their slots: a gather by the inverse permutation
         found = _scattered_rows(view, scatter)
         if isinstance(found, NearMiss):
@@ -67,17 +73,27 @@ def _unpermute(view: GraphView, reduce):
     if len(permuted.type.shape) != 2 or len(indices.type.shape) != 1:
         return NearMiss(f"the Gather reads a rank-{len(permuted.type.shape)} tensor with rank-"
                         f"{len(indices.type.shape)} indices; the op takes (rows, H) and (slots,)")
-    if not all(isinstance(d, int) for d in (tokens, topk, hidden)):
+    if not all(isinstance(d, int) for d in (tokens, topk, hidden, permuted.type.shape[0], indices.type.shape[0])):
         return NearMiss("matches only with static (T, K, H): the Reshape's target decides K")
+    rows_count, slots = permuted.type.shape[0], indices.type.shape[0]
+    if rows_count < slots:
+        return NearMiss(f"the Gather reads {rows_count} rows for {slots} slots: the op reads an index in "
+                        f"[{rows_count}, {slots}) as a dropped slot, where Gather fails")
+    constants = {}
+    if probs is None:        # a plain sum over K: weights of one (one op form, with probs, exports for every match)
+        constants[2] = np.ones((tokens, topk), permuted.type.dtype.numpy)
     constant = view.constant(indices)
-    if constant is not None and not np.array_equal(np.sort(constant.reshape(-1)), np.arange(constant.size)):
-        return NearMiss("the gather indices are not a permutation of 0..M-1 (MoeTokenUnpermute requires one, MU-D1)")
-    casts = {1: INT32} if indices.type.dtype.onnx != INT32 else {}
-    ones = {}
-    if probs is None and topk > 1:      # a plain sum over K: weights of one (the op without probs has K = 1)
-        ones = {2: np.ones((tokens, topk), permuted.type.dtype.numpy)}
+    if constant is not None and scatter is None:
+        normalised = normalised_ids(constant.reshape(-1), rows_count)
+        if not np.array_equal(np.sort(normalised), np.arange(normalised.size)):
+            return NearMiss("the gather indices are not a permutation of 0..M-1 (MoeTokenUnpermute requires one, "
+                            "MU-D1)")
+        constants[1] = normalised.astype(np.int32)
+    elif scatter is None:
+        transforms = {1: gather_ids(rows_count)}
+    casts = {1: INT32} if indices.type.dtype.onnx != INT32 and 1 not in constants else {}
     return Match(FORWARD.op_type, [permuted, indices, probs], {}, reduce.outputs[0], [n for n in nodes if n is not None],
-                 casts=casts, constants=ones, transforms=transforms)
+                 casts=casts, constants=constants, transforms=transforms)
 
 
 def _scattered_rows(view: GraphView, scatter):
@@ -98,9 +114,12 @@ def _scattered_rows(view: GraphView, scatter):
 
 
 def _inverse_permutation(builder, row2slot, name: str):
-    """CANN's sorted_indices (slot -> row) from row2slot (row -> slot): ScatterElements of 0..M-1 at row2slot
-    (distinct targets: deterministic on every runtime)."""
+    """CANN's sorted_indices (slot -> row) from row2slot (row -> slot): ScatterElements of 0..M-1 at row2slot (a
+    negative slot counts from the end, as in the ScatterND) into M's, an id no slot may hold: when row2slot is no
+    permutation, a slot it never wrote keeps M and the op refuses it (MU-D1), where the subgraph would keep what the
+    scatter wrote over."""
     count = row2slot.type.shape[0]
     dtype = row2slot.type.dtype.numpy
     rows = builder.constant(f"{name}_rows", np.arange(count, dtype=dtype))
-    return builder.op("ScatterElements", rows, row2slot, rows, axis=0, name=name)
+    unwritten = builder.constant(f"{name}_unwritten", np.full(count, count, dtype))
+    return builder.op("ScatterElements", unwritten, row2slot, rows, axis=0, name=name)

@@ -55,8 +55,9 @@ def _rotate_half(view: GraphView, value):
 
 
 def _stacked_pair(view: GraphView, value):
-    """(first, second, reshape, nodes) when ``value`` is stack(first, second, -1) flattened back (Unsqueeze both,
-    Concat on the new last axis, Reshape or Flatten), else None."""
+    """(first, second, reshape, nodes) when ``value`` is stack(first, second, -1) flattened back (Unsqueeze both
+    on the new last axis, Concat on it, Reshape or Flatten), a NearMiss when the Unsqueezes add another axis, else
+    None."""
     reshape = view.producer(value, "Reshape", "Flatten")
     if reshape is None:
         return None
@@ -66,6 +67,12 @@ def _stacked_pair(view: GraphView, value):
     parts = [view.producer(v, "Unsqueeze") for v in concat.inputs]
     if None in parts:
         return None
+    for part in parts:   # each half gets the new last axis; any other axis makes Concat + Reshape another permutation
+        rank = len(part.outputs[0].type.shape)
+        axes = view.ints(part.inputs[1]) if len(part.inputs) > 1 else None
+        if axes is None or len(axes) != 1 or axes[0] % rank != rank - 1:
+            return NearMiss(f"Unsqueeze '{part.name}' before the stack adds axis {axes}, not the last axis "
+                            f"({rank - 1} or -1): the flatten would not interleave the pair")
     return parts[0].inputs[0], parts[1].inputs[0], reshape, [reshape, concat, *parts]
 
 
@@ -88,6 +95,8 @@ def _odd_even(view: GraphView, odd_value, even_value, reshape):
 def _rotate_every_two(view: GraphView, value):
     """(x, nodes) when ``value`` is stack(-x[..., 1::2], x[..., 0::2], -1) flattened back to x's shape."""
     found = _stacked_pair(view, value)
+    if isinstance(found, NearMiss):
+        return found
     neg = view.producer(found[0], "Neg") if found is not None else None
     if neg is None:
         return None
@@ -221,6 +230,8 @@ def _backward(view: GraphView, add, plain_mul, product, mode: int, nodes: list):
 def _interleaved_backward(view: GraphView, add):
     for plain, moved in (add.inputs, add.inputs[::-1]):
         plain_mul, found = view.producer(plain, "Mul"), _stacked_pair(view, moved)
+        if isinstance(found, NearMiss):
+            return found
         neg = view.producer(found[1], "Neg") if found is not None else None
         if plain_mul is None or neg is None:
             continue
