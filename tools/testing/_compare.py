@@ -95,9 +95,10 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, *, dtype: np.dtype | 
                  standard: str = "diff_ratio", compute_count: int = 0, name: str = "output") -> None:
     """Raise AssertionError unless ``actual`` meets ``standard`` against ``expected`` (the golden).
 
-    ``dtype`` picks the thresholds (default: ``actual``'s). Shapes must be equal; the special values and
-    dtype rules are the module docstring's. The message says how many elements failed, the worst index,
-    actual, expected, absolute and relative error, and the standard.
+    ``dtype`` picks the thresholds (default: ``actual``'s). Shapes must be equal (nothing broadcasts); equal
+    infinities of one sign pass, NaN passes only against NaN. ``bit_exact`` of two dtypes casts nothing: the
+    numbers must be exactly equal (int32 1 against 1.7 fails). The message says how many elements failed,
+    the worst index, actual, expected, absolute and relative error, and the standard.
     """
     if standard not in STANDARDS:
         raise ValueError(f"assert_close: standard: expected one of {', '.join(STANDARDS)}, got {standard!r}")
