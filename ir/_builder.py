@@ -70,7 +70,7 @@ class GraphBuilder:
             self.declare_equal(*sorted(group))
         mapping: dict[int, Value | None] = {}
         for v in graph.inputs:
-            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.shape)
+            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.shape, default=graph.defaults.get(v.name))
         for v in graph.constant_values:
             mapping[id(v)] = self.constant(v.name, graph.constants[v.name])
         for node in graph.topological_order():
@@ -89,8 +89,10 @@ class GraphBuilder:
         return mapping
 
     # -- graph interface -----------------------------------------------------------------
-    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str]) -> Value:
-        """Declare a graph input; dims are ints or symbol names bound when the graph runs."""
+    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str], default: np.ndarray | None = None
+              ) -> Value:
+        """Declare a graph input; dims are ints or symbol names bound when the graph runs. ``default``: the array
+        a run uses when the input is not fed (ONNX: an input with a same-name initializer)."""
         self._check_open()
         try:
             value = Value(name, TensorType(dtype, shape))
@@ -99,6 +101,8 @@ class GraphBuilder:
         self._claim(name, "input")
         self._graph.inputs.append(value)
         self._values.add(id(value))
+        if default is not None:
+            self._graph.set_default(name, default)
         return value
 
     def declare_equal(self, *symbols: str) -> None:

@@ -180,6 +180,9 @@ class Graph:
         self.outputs: list[Value] = []
         self.constants: dict[str, np.ndarray] = {}
         """Initializers: named arrays (their Values are in ``constant_values``), never fed."""
+        self.defaults: dict[str, np.ndarray] = {}
+        """Overridable defaults of inputs (ONNX: an input with a same-name initializer), by input name: the
+        array used when that input is not fed. Set with ``set_default``."""
         self.constant_values: list[Value] = []
         self.nodes: list[Node] = []
         self.symbols = symbols if symbols is not None else SymbolTable()
@@ -195,10 +198,38 @@ class Graph:
         """Copies and pickles carry the graph, not the executables compiled from it (a session cannot be copied)."""
         return {**self.__dict__, "compiled": {}}
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update({"defaults": {}, **state})   # a graph pickled before inputs had defaults has none
+
     def __copy__(self) -> Graph:
         """An independent copy, as ``copy.deepcopy``: a shallow copy would share the node, input and output lists
         and the values' use lists, so an edit of one graph would change the other behind its back."""
         return copy.deepcopy(self)
+
+    def set_default(self, name: str, array: np.ndarray | None) -> None:
+        """Give input ``name`` an overridable default (used when it is not fed), or remove it with None.
+
+        GraphError when ``name`` is no input, or the array's dtype or a static dim differs from the input's type.
+        """
+        value = next((v for v in self.inputs if v.name == name), None)
+        if value is None:
+            raise GraphError(f"graph '{self.name}': default for {name!r}: no graph input has that name")
+        if array is None:
+            self.defaults.pop(name, None)
+            self.invalidate()
+            return
+        array = np.array(array, copy=True)
+        where = f"graph '{self.name}': default of input '{name}'"
+        if array.dtype != value.dtype.numpy:
+            raise GraphError(f"{where}: expected dtype {value.dtype}, got {array.dtype}")
+        bound: dict[str, int] = {}
+        if array.ndim != value.type.rank or any(
+                d != n if isinstance(d, int) else bound.setdefault(self.symbols.canonical(d), n) != n
+                for d, n in zip(value.shape, array.shape)):
+            raise GraphError(f"{where}: expected shape {list(value.shape)}, got {list(array.shape)}")
+        array.flags.writeable = False      # the graph's own, like a constant: no run writes into it
+        self.defaults[name] = array
+        self.invalidate()
 
     # -- editing (onnx-ir style): every change clears what passes had guaranteed ---------------------
     # (Node.set_input on a node of this graph does so too; editing attributes in place needs invalidate().)
@@ -309,6 +340,7 @@ class Graph:
     def __str__(self) -> str:
         lines = [f"graph {self.name}(" + ", ".join(f"{v.name}: {v.type}" for v in self.inputs) + ") {"]
         lines += [f"  {v.name} = constant {v.type}" for v in self.constant_values]
+        lines += [f"  {name} defaults to {a.dtype}{list(a.shape)} when not fed" for name, a in self.defaults.items()]
         for node in self.nodes:
             lines.append("  " + str(node))
         lines.append("  return " + ", ".join(f"{v.name}: {v.type}" for v in self.outputs))

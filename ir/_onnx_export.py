@@ -61,6 +61,8 @@ def to_onnx(graph: Graph) -> ModelProto:
     inner = [typed(v) for v in graph.values()
              if v.name not in outputs and v.name not in inputs and v.name not in graph.constants]
     initializers = [numpy_helper.from_array(array, name) for name, array in graph.constants.items()]
+    initializers += [numpy_helper.from_array(graph.defaults[v.name], v.name) for v in graph.inputs
+                     if v.name in graph.defaults]    # an input's default: a same-name initializer (IR >= 4)
     onnx_graph = helper.make_graph(nodes, graph.name, [typed(v) for v in graph.inputs],
                                    [typed(v) for v in graph.outputs], initializer=initializers, value_info=inner)
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(CANN_DOMAIN, 1)] if specs else [])

@@ -169,12 +169,18 @@ def _build(model: ModelProto) -> Graph:
     graph = model.graph
     b = GraphBuilder(graph.name or "imported")
     values: dict[str, Value] = {}
+    # IR >= 4: an initializer named like a graph input is that input's default, which a feed overrides
+    overridable = {vi.name for vi in graph.input} if model.ir_version >= 4 else set()
+    defaults: dict[str, np.ndarray] = {}
     for init in graph.initializer:
-        values[init.name] = b.constant(init.name, numpy_helper.to_array(init))
+        if init.name in overridable:
+            defaults[init.name] = numpy_helper.to_array(init)
+        else:
+            values[init.name] = b.constant(init.name, numpy_helper.to_array(init))
     for vi in graph.input:
         if vi.name not in values:
             t = tensor_type_from_onnx(vi.type, f"graph input '{vi.name}'")
-            values[vi.name] = b.input(vi.name, t.dtype, t.shape)
+            values[vi.name] = b.input(vi.name, t.dtype, t.shape, default=defaults.get(vi.name))
     for node in _dependency_order(graph, set(values)):
         _import_node(b, node, values)
     for vi in graph.output:

@@ -78,6 +78,7 @@ def _exact_feeds(graph: Graph, feeds: Mapping[str, object]) -> dict[str, np.ndar
 def validate_feeds(graph: Graph, feeds: Mapping[str, object]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Check feeds against the graph inputs; return the arrays and the symbol bindings.
 
+    An input not fed takes its default (``Graph.defaults``) when it has one.
     Raises ExecutionError naming the input for a missing or unexpected feed, a wrong dtype
     (no silent casts), a wrong rank or dim, or a symbol bound to two different sizes.
     """
@@ -95,11 +96,14 @@ def validate_feeds(graph: Graph, feeds: Mapping[str, object]) -> tuple[dict[str,
     arrays: dict[str, np.ndarray] = {}
     bindings: dict[str, tuple[int, str]] = {}
     for value in graph.inputs:
-        if value.name not in feeds:
+        where = f"graph '{graph.name}': input '{value.name}'"
+        if value.name in feeds:
+            array = as_feed_array(feeds[value.name], where)
+        elif value.name in graph.defaults:    # an overridable default, used when the input is not fed
+            array, where = graph.defaults[value.name], f"{where} (its default)"
+        else:
             raise ExecutionError(f"graph '{graph.name}': input '{value.name}' ({value.type}) is not fed")
         want = value.type
-        where = f"graph '{graph.name}': input '{value.name}'"
-        array = as_feed_array(feeds[value.name], where)
         if array.dtype != want.dtype.numpy:
             raise ExecutionError(f"{where}: expected dtype {want.dtype}, got {array.dtype}; cast the array first")
         if array.ndim != want.rank:

@@ -2,8 +2,8 @@
 both runtimes: a loop that reuses its buffers pays no allocation or page faults for them.
 
 A buffer must be a writeable, C-contiguous NumPy array of the output's dtype and shape, share memory
-with no other buffer, with no graph constant (the graph's own: a run writing there would change
-the graph), and with no feed, except the feed an in-place op overwrites anyway (the
+with no other buffer, with no graph constant or input default (the graph's own: a run writing there
+would change the graph), and with no feed, except the feed an in-place op overwrites anyway (the
 output aliases that input and the feed has no other reader), which is how a caller asks for a true
 in-place run.
 """
@@ -80,11 +80,12 @@ def validate_output_buffers(graph: Graph, buffers: Mapping[str, np.ndarray] | No
 
 
 def _refuse_graph_memory(graph: Graph, buffer: np.ndarray, where: str) -> None:
-    """ExecutionError when ``buffer`` shares memory with a graph constant."""
-    for name, array in graph.constants.items():
-        if np.may_share_memory(buffer, array):
-            raise ExecutionError(f"{where}: shares memory with graph constant '{name}'; a run must not write into "
-                                 "the graph (give a buffer of its own, e.g. np.empty(shape, dtype))")
+    """ExecutionError when ``buffer`` shares memory with a graph constant or input default."""
+    for kind, arrays in (("constant", graph.constants), ("default of input", graph.defaults)):
+        for name, array in arrays.items():
+            if np.may_share_memory(buffer, array):
+                raise ExecutionError(f"{where}: shares memory with graph {kind} '{name}'; a run must not write into "
+                                     "the graph (give a buffer of its own, e.g. np.empty(shape, dtype))")
 
 
 def fill_output_buffers(graph: Graph, results: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> None:

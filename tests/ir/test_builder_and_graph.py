@@ -200,3 +200,23 @@ def test_a_node_or_value_alone_is_not_shallow_copied():
         copy.copy(graph.node("relu"))
     twin = copy.copy(graph)
     assert twin.node("relu") is not graph.node("relu") and twin.inputs[0].uses[0][0] is twin.node("relu")
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+def test_an_input_default_is_used_when_the_input_is_not_fed(runtime):
+    """Issue 23 item 21: an input with an overridable default (an ONNX input with a same-name initializer)."""
+    given = np.array([1, 2, 3], np.float32)
+    b = geir.GraphBuilder("with_default")
+    x = b.input("x", "float32", ("N",))
+    w = b.input("w", "float32", ("N",), default=given)
+    b.output(b.op("Mul", x, w), "y")
+    graph = b.build()
+    given[:] = 0                                    # the graph keeps its own copy, read-only
+    assert not graph.defaults["w"].flags.writeable
+    x_feed = np.array([2, 2, 2], np.float32)
+    np.testing.assert_array_equal(geir.run(graph, {"x": x_feed}, runtime=runtime)["y"], [2, 4, 6])
+    np.testing.assert_array_equal(geir.run(graph, {"x": x_feed, "w": x_feed}, runtime=runtime)["y"], [4, 4, 4])
+    with pytest.raises(geir.ExecutionError, match=r"input 'w' \(its default\) dim 0: symbol 'N' is 3 here but 2"):
+        geir.run(graph, {"x": np.ones(2, np.float32)}, runtime=runtime)
+    with pytest.raises(GraphError, match="default for 'z': no graph input has that name"):
+        graph.set_default("z", given)

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import geir
 from geir import GraphError
+from geir.schemas import OPSET
 from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, assert_same_graph, moe_grad_graph, moe_graph, rotary_graph, sfa_graph
 from oracles.onnx_runners import run_onnxruntime
 from geir.schemas.sparse_attention.examples import SfaCase
@@ -167,3 +168,36 @@ def test_user_local_functions_are_inlined_and_ours_dropped():
     assert geir.run(g, {"x": np.array([1, 2], np.float32)})["y"].tolist() == [2, 4]
     exported = geir.to_onnx(rotary_graph(ROPE_GRAD, (1, 1, 1, 8), (1, 1, 1, 8), partial_slice=[0, 8]))
     assert len(exported.functions) == 1 and len(geir.from_onnx(exported).nodes) == 1
+
+
+def _input_with_initializer(ir_version: int, default: np.ndarray | None = None, opset: int = 17) -> onnx.ModelProto:
+    """y = x + w, where w is a graph input with a same-name initializer (IR >= 4: an overridable default)."""
+    default = np.array([10, 20, 30], np.float32) if default is None else default
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("x", "w", "y")]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "defaults", vi[:2], vi[2:],
+                              initializer=[numpy_helper.from_array(default, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+def test_an_input_with_an_initializer_is_an_input_with_a_default(runtime):
+    """Issue 23 item 21: it was imported as a constant, so feeding it failed where ONNX Runtime accepts the feed."""
+    model = _input_with_initializer(ir_version=8)
+    x, w = np.array([1, 2, 3], np.float32), np.array([-1, -2, 5], np.float32)
+    graph = geir.from_onnx(model)
+    assert [v.name for v in graph.inputs] == ["x", "w"] and not graph.constants
+    for g in (graph, geir.from_onnx(geir.to_onnx(graph)), geir.GraphBuilder.copy(graph).build()):
+        np.testing.assert_array_equal(geir.run(g, {"x": x}, runtime=runtime)["y"], [11, 22, 33])
+        np.testing.assert_array_equal(geir.run(g, {"x": x, "w": w}, runtime=runtime)["y"], x + w)
+        assert geir.to_onnx(g).graph.initializer[0].name == "w"
+        assert [i.name for i in geir.to_onnx(g).graph.input] == ["x", "w"]
+    np.testing.assert_array_equal(run_onnxruntime(model, {"x": x, "w": w})["y"], x + w)   # ONNX Runtime's meaning
+
+
+def test_an_old_model_keeps_its_initializer_inputs_constant_and_a_bad_default_is_refused():
+    graph = geir.from_onnx(_input_with_initializer(ir_version=3))     # IR < 4: initializers are not overridable
+    assert [v.name for v in graph.inputs] == ["x"] and set(graph.constants) == {"w"}
+    with pytest.raises(GraphError, match=r"default of input 'w': expected dtype float32, got float64"):
+        geir.from_onnx(_input_with_initializer(ir_version=8, default=np.zeros(3), opset=OPSET))
+    with pytest.raises(GraphError, match=r"default of input 'w': expected shape \[3\], got \[2\]"):
+        geir.from_onnx(_input_with_initializer(ir_version=8, default=np.zeros(2, np.float32), opset=OPSET))
