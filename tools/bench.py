@@ -17,6 +17,7 @@ import numpy as np
 
 import geir
 
+from ..ir._files import replacing
 from ..runtimes import get_runtime, runtime_names
 from ..schemas import moe, rotary, sparse_attention
 from ..schemas.moe.examples import MoeCase
@@ -465,5 +466,8 @@ def _draw(path: str, bars: list[tuple[str, float]]) -> None:
     ax.set_xlabel("time / baseline (copy of the same bytes, or the float32 matmul)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with replacing(path) as f:                  # the whole picture or the file as it was
+            fig.savefig(f, format="png", dpi=120)
+    finally:
+        plt.close(fig)

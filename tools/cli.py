@@ -1,18 +1,40 @@
 """The ``geir`` command line: ``demo``, ``bench``, ``run``, ``check``, ``show``, ``example``.
 
 Exit status: 0 done; 1 a demo case or example failed, or ``check`` found a violated restriction;
-2 a bad argument, file or input (one line on stderr, no traceback).
+2 a bad argument, file or input, a file that cannot be written, too little memory (one line on stderr,
+no traceback). A reader that closes stdout early (``geir run ... | head -2``) loses the rest of the printout,
+not the command's work: files are still written and the exit status is the command's own.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TextIO
 
 from ..ir._errors import ExecutionError, GraphError
 from ..runtimes import runtime_names
-from .model_io import CommandError
+from .model_io import CommandError, describe_os_error
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error printed as one line (exit 2) like every other bad argument."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a decimal integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        if re.fullmatch(r"[+-]?[0-9]+", text) is None or int(text) < minimum:   # int() would take '²' and '1_0'
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return int(text)
+    parse.__name__ = "count"
+    return parse
 
 
 def _version() -> str:
@@ -25,7 +47,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="geir", description="Graph IR compiler and executor for CANN "
+    parser = _Parser(prog="geir", description="Graph IR compiler and executor for CANN "
                                      "ops-transformer training operators.")
     parser.add_argument("--version", action="version", version=f"geir {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -35,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmark every op against copy bandwidth, a matmul, NumPy, PyTorch")
     bench.add_argument("suite", nargs="*", help="suites to run (default: all): rotary, moe, sfa")
     bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
-    bench.add_argument("--repeat", type=int, default=5, help="timed repetitions; the best is reported")
+    bench.add_argument("--repeat", type=_count(1), default=5, help="timed repetitions; the best is reported")
     bench.add_argument("--plot", metavar="FILE.png", help="also draw the ratios as a bar chart (needs matplotlib)")
     run = commands.add_parser("run", help="run a saved ONNX model on given or random feeds")
     run.add_argument("model", help="the .onnx file")
@@ -43,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--feeds", metavar="FILE.npz", help="inputs from an .npz (array names = input names)")
     run.add_argument("--random", action="store_true", help="random values for inputs not given (ints: zeros)")
     run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim")
-    run.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    run.add_argument("--seed", type=_count(0), default=0, help="seed of --random (default 0)")
     run.add_argument("--runtime", choices=runtime_names(), default="numpy")
     run.add_argument("--output", metavar="FILE.npz", help="write the outputs to an .npz")
-    run.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs (min and median)")
+    run.add_argument("--repeat", type=_count(0), default=0, metavar="N", help="time N more runs (min and median)")
     chk = commands.add_parser("check", help="check a saved model against a device's restrictions (exit 1 if violated)")
     chk.add_argument("model", help="the .onnx file")
     chk.add_argument("--target", required=True, help="a device (ascend910b, ascend910_93, ascend950, ascend310p, "
@@ -70,14 +92,73 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _ReaderMayLeave(stdout)   # type: ignore[assignment]
     try:
         return _dispatch(parser, args)
     except (CommandError, GraphError, ExecutionError) as exc:
         from .commands import describe_failure
 
-        print(describe_failure(exc) if not isinstance(exc, CommandError) else f"geir {args.command}: {exc}",
-              file=sys.stderr)
-        return 2
+        return _refuse(describe_failure(exc) if not isinstance(exc, CommandError) else f"geir {args.command}: {exc}")
+    except MemoryError as exc:
+        return _refuse(f"geir {args.command}: out of memory{f' ({exc})' if str(exc) else ''}: the model or its "
+                       "inputs need more than this machine has")
+    except OSError as exc:                  # a file the command writes or reads that the commands did not name
+        where = f"{os.fspath(exc.filename)!r}: " if exc.filename is not None else ""
+        return _refuse(f"geir {args.command}: {where}{describe_os_error(exc)}")
+    except KeyboardInterrupt:
+        return _refuse(f"geir {args.command}: interrupted", 130)
+    finally:
+        sys.stdout.flush()                  # through the wrapper: a reader gone now is not an error at exit
+        sys.stdout = stdout
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _refuse(message: str, status: int = 2) -> int:
+    print(_one_line(message), file=sys.stderr)
+    return status
+
+
+class _ReaderMayLeave:
+    """``sys.stdout`` while a command runs. When its reader goes away (``geir run ... | head -2``) the rest of
+    the printout is dropped, the descriptor is pointed at /dev/null (so the buffered bytes cannot fail again
+    at exit) and the command goes on: its files are written and its exit status is its own."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):    # not a real descriptor (a test's capture): nothing to do
+            pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -103,7 +184,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unknown = [s for s in args.suite if s not in SUITES]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")
-    print(run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat, plot=args.plot))
+    if args.plot is not None:               # found out before minutes of measuring, not after
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise CommandError(f"--plot {args.plot!r}: cannot write it: the directory {folder!r} does not exist")
+    table = run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat, plot=args.plot)
+    print(table)
     return 0
 
 

@@ -21,9 +21,18 @@ from ..ir._onnx_export import save_onnx
 from ..ir._onnx_import import load_onnx
 from ..runtimes import get_runtime
 from ..schemas.targets import TARGETS
-from .model_io import CommandError, load_feeds, parse_assignments, save_outputs
+from ..ir._files import write_file
+from .model_io import CommandError, describe_os_error, load_feeds, parse_assignments, save_outputs
 
 __all__ = ["check_model", "load_model", "run_example", "run_model", "show_model"]
+
+
+def _write(path: str, data: bytes | str, what: str) -> None:
+    """Write an output file whole (or leave it as it was); a failure is a CommandError naming ``what``."""
+    try:
+        write_file(path, data)
+    except OSError as exc:
+        raise CommandError(f"{what} {path!r}: {describe_os_error(exc)}") from None
 
 
 def load_model(path: str) -> Graph:
@@ -90,7 +99,10 @@ def check_model(model: str, target: str, strict: bool = False) -> int:
 def fuse_model(model: str, output: str) -> int:
     """Fuse a saved model's standard-op subgraphs into our ops, write the result, print the report."""
     fused, report = fuse(load_model(model))
-    save_onnx(fused, output)
+    try:
+        save_onnx(fused, output)          # exported in full before the file is replaced: `fuse IN IN` is safe
+    except OSError as exc:
+        raise CommandError(f"output {output!r}: {describe_os_error(exc)}") from None
     print(report)
     print(f"wrote {output}")
     return 0
@@ -105,14 +117,14 @@ def show_model(model: str, fmt: str, output: str | None) -> int:
             raise CommandError(str(exc)) from None
         if output is None:
             raise CommandError(f"--format {fmt} writes a file: give -o FILE.{fmt}")
-        Path(output).write_bytes(picture)
+        _write(output, picture, "-o")
         print(f"wrote {output}")
         return 0
     text = graph.to_dot() if fmt == "dot" else str(graph) + "\n"
     if output is None:
         print(text, end="")
     else:
-        Path(output).write_text(text)
+        _write(output, text, "-o")
         print(f"wrote {output}")
     return 0
 
@@ -127,6 +139,8 @@ def run_example(name: str, runtime: str, dump: str | None) -> int:
     for each in names:
         print(f"== {each} ({runtime})")
         run = EXAMPLES[each](runtime=runtime, dump=None if dump is None else str(Path(dump) / each), echo=True)
+        if run.dump_error is not None:     # a dump asked for and not written is the user's bad --dump, not a pass
+            raise CommandError(f"--dump {dump!r}: {run.dump_error}")
         failed += run.status != 0
     return 1 if failed else 0
 

@@ -24,7 +24,8 @@ __all__ = ["EXAMPLES", "ExampleRun"]
 
 @dataclass
 class ExampleRun:
-    """What an example fed and got back: ``status`` is GE's (``ge.SUCCESS`` or ``ge.FAILED``)."""
+    """What an example fed and got back: ``status`` is GE's (``ge.SUCCESS`` or ``ge.FAILED``); ``dump_error`` is
+    why ``aclgrphDumpGraph`` failed (the example then stops, as CANN's do on a failed call), None if it did not."""
 
     name: str
     graph: ge.Graph
@@ -32,6 +33,7 @@ class ExampleRun:
     outputs: list[np.ndarray] = field(default_factory=list)
     status: int = ge.FAILED
     messages: list[str] = field(default_factory=list)
+    dump_error: str | None = None
 
 
 def _log(run: ExampleRun, text: str, echo: bool) -> None:
@@ -59,8 +61,11 @@ def _session_run(run: ExampleRun, tensors: list[ge.Tensor], runtime: str, dump: 
         _log(run, f"Session add ir compute graph failed: {ge.GEGetErrorMsgV2()}", echo)
         ge.GEFinalize()
         return run
-    if dump is not None:
-        ge.aclgrphDumpGraph(run.graph, dump, len(dump))
+    if dump is not None and ge.aclgrphDumpGraph(run.graph, dump, len(dump)) != ge.SUCCESS:
+        run.dump_error = "; ".join(ge.GEGetErrorMsgV2().splitlines())
+        _log(run, f"Dump ir compute graph failed: {run.dump_error}", echo)
+        ge.GEFinalize()
+        return run
     _log(run, "Start to run ir compute graph", echo)
     outputs: list[ge.Tensor] = []
     run.status = session.RunGraph(0, tensors, outputs)

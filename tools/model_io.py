@@ -8,19 +8,23 @@ declared shapes, or both; symbolic dims take their size from ``--dim NAME=VALUE`
 from __future__ import annotations
 
 import io
+import math
+import os
 import zipfile
 from collections.abc import Mapping, Sequence
+from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
 
 from ..ir._core import Graph
-from ..ir._files import FileRefused, read_regular_file
+from ..ir._files import FileRefused, read_regular_file, replacing
 
-__all__ = ["MAX_FEED_BYTES", "CommandError", "load_feeds", "parse_assignments", "save_outputs"]
+__all__ = ["MAX_FEED_BYTES", "CommandError", "describe_os_error", "load_feeds", "parse_assignments", "save_outputs"]
 
 MAX_FEED_BYTES = 4 << 30
-"""The largest feed file read (4 GiB); a bigger one is refused before it is read."""
+"""The largest feed file read (4 GiB), and the most ``--random`` makes; more is refused before anything is
+allocated."""
 
 
 class CommandError(ValueError):
@@ -51,26 +55,56 @@ def _read(path: str, what: str) -> bytes:
         raise CommandError(f"{what} {path!r}: {exc.strerror or exc}") from None
 
 
-def _load_npy(data: bytes, what: str) -> np.ndarray:
+def _read_array(stream: BinaryIO, size: int, what: str) -> np.ndarray:
+    """The ``.npy`` array of ``size`` bytes at the stream's start. Its header is read first and refused when it
+    claims more data than the ``size`` bytes hold: NumPy allocates what the header says before reading, so a
+    60-byte file claiming 10^13 x 4 floats would otherwise end in a MemoryError."""
+    fmt = np.lib.format
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        version = fmt.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = fmt.read_array_header_1_0(stream)
+        elif version in ((2, 0), (3, 0)):   # 3.0 differs only in allowing UTF-8 field names
+            shape, _, dtype = fmt.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"unknown .npy format version {version}")
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        raise CommandError(f"{what}: not a NumPy .npy array ({exc})") from None
+    claimed, held = math.prod(shape) * dtype.itemsize, size - stream.tell()
+    if claimed > held:
+        raise CommandError(f"{what}: its header claims shape {tuple(shape)} of {dtype} ({claimed} bytes), but the "
+                           f"file holds {max(held, 0)} bytes of data")
+    try:
+        stream.seek(0)
+        return fmt.read_array(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise CommandError(f"{what}: not a NumPy .npy array without pickles ({exc})") from None
 
 
+def _load_npy(data: bytes, what: str) -> np.ndarray:
+    return _read_array(io.BytesIO(data), len(data), what)
+
+
 def _load_npz(data: bytes, what: str) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:   # members may be compressed: bound what they unpack to
-            unpacked = sum(info.file_size for info in archive.infolist())
-    except zipfile.BadZipFile as exc:
+            members = archive.infolist()
+            unpacked = sum(info.file_size for info in members)
+            if unpacked > MAX_FEED_BYTES:
+                raise CommandError(f"{what}: its arrays unpack to {unpacked} bytes, more than {MAX_FEED_BYTES}")
+            for info in members:
+                name = info.filename.removesuffix(".npy")
+                if name in arrays:
+                    raise CommandError(f"{what}: holds the array {name!r} twice")
+                with archive.open(info) as member:   # its real size is checked as it unpacks (else BadZipFile)
+                    arrays[name] = _read_array(member, info.file_size, f"{what}: array {name!r}")
+    except CommandError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, ValueError, OSError,
+            EOFError) as exc:   # encrypted or unknown compression: RuntimeError, NotImplementedError
         raise CommandError(f"{what}: not a NumPy .npz archive ({exc})") from None
-    if unpacked > MAX_FEED_BYTES:
-        raise CommandError(f"{what}: its arrays unpack to {unpacked} bytes, more than {MAX_FEED_BYTES}")
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise CommandError(f"{what}: not a NumPy .npz archive without pickles ({exc})") from None
+    return arrays
 
 
 def _as_input_dtype(array: np.ndarray, want: np.dtype, name: str, source: str) -> np.ndarray:
@@ -102,26 +136,39 @@ def load_feeds(graph: Graph, inputs: Mapping[str, str], feeds_file: str | None, 
             raise CommandError(f"--input {name}: not an input of the model (inputs: {', '.join(declared)})")
         array = _load_npy(_read(path, f"--input {name}="), f"--input {name}={path}")
         feeds[name] = _as_input_dtype(array, declared[name].dtype.numpy, name, f"--input {name}={path}")
+    symbols = {d for v in declared.values() for d in v.shape if isinstance(d, str)}
     sizes: dict[str, int] = {}
     for symbol, text in dims.items():
-        if not text.isdigit():
-            raise CommandError(f"--dim {symbol}={text}: expected a size >= 0")
+        if not (text.isascii() and text.isdigit()):     # str.isdigit alone takes '²', which int() refuses
+            raise CommandError(f"--dim {symbol}={text}: expected a size >= 0 (decimal digits)")
+        if symbol not in symbols:
+            raise CommandError(f"--dim {symbol}: the model's inputs have no symbolic dim {symbol!r} (they have "
+                               f"{', '.join(sorted(symbols)) or 'none'})")
         sizes[symbol] = int(text)
     missing = [n for n in declared if n not in feeds]
     if missing and not random:
         raise CommandError(f"no feed for input(s) {', '.join(missing)}: give --input NAME=FILE.npy, --feeds FILE.npz "
                            "or --random")
-    rng = np.random.default_rng(seed)
+    shapes: dict[str, list[int]] = {}
     for name in missing:
-        value = declared[name]
-        shape = []
-        for d in value.shape:
+        shape = shapes[name] = []
+        for d in declared[name].shape:
             if isinstance(d, int):
                 shape.append(d)
             elif d in sizes:
                 shape.append(sizes[d])
             else:
                 raise CommandError(f"input '{name}' has the symbolic dim {d!r}: give its size with --dim {d}=SIZE")
+    total = 0
+    for name, shape in shapes.items():      # bounded before anything is allocated
+        total += math.prod(shape) * declared[name].dtype.numpy.itemsize
+        if total > MAX_FEED_BYTES:
+            given = ", ".join(f"{s}={n}" for s, n in sizes.items())
+            raise CommandError(f"--random: input '{name}' of shape {shape} would take the random feeds to {total} "
+                               f"bytes, more than {MAX_FEED_BYTES}" + (f" (--dim {given})" if given else ""))
+    rng = np.random.default_rng(seed)
+    for name, shape in shapes.items():
+        value = declared[name]
         dtype = value.dtype.numpy
         if value.dtype.is_floating:
             feeds[name] = rng.standard_normal(shape).astype(dtype)
@@ -133,9 +180,21 @@ def load_feeds(graph: Graph, inputs: Mapping[str, str], feeds_file: str | None, 
 def save_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> list[str]:
     """Write an ``.npz``; bfloat16 outputs are stored as float32 (exact). Returns the names widened so."""
     widened = [n for n, a in outputs.items() if a.dtype == ml_dtypes.bfloat16]
-    arrays = {n: (a.astype(np.float32) if n in widened else a) for n, a in outputs.items()}
     try:
-        np.savez(path, **arrays)
+        with replacing(path) as f, zipfile.ZipFile(f, "w") as archive:   # np.savez's layout, without its keyword
+            for name, array in outputs.items():                            # arguments (an output named 'file')
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, array.astype(np.float32) if name in widened else array,
+                                              allow_pickle=False)
     except OSError as exc:
-        raise CommandError(f"--output {path!r}: {exc.strerror or exc}") from None
+        raise CommandError(f"--output {path!r}: {describe_os_error(exc)}") from None
     return widened
+
+
+def describe_os_error(exc: OSError) -> str:
+    """Why a file could not be written, in words: a missing directory is named."""
+    if isinstance(exc, FileNotFoundError) and exc.filename is not None:
+        parent = os.path.dirname(os.path.abspath(os.fspath(exc.filename)))
+        if not os.path.isdir(parent):
+            return f"cannot write it: the directory {parent!r} does not exist"
+    return f"cannot write it ({exc.strerror or exc})"

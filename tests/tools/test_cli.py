@@ -67,3 +67,145 @@ def test_unknown_benchmark_is_a_usage_error(capsys):
 def test_console_script_module_runs():
     result = subprocess.run([sys.executable, "-m", "geir.tools.cli", "demo"], capture_output=True, text=True)
     assert result.returncode == 0 and "cases passed" in result.stdout
+
+
+# Every command x every kind of bad argument (issue 23 item 19): exit 2 and exactly one line on stderr. A kind
+# that names a file, a size or an output applies to the commands that take one; the argument-parsing kinds
+# apply to every command. Each case names a fragment of the one line, so a different failure cannot pass.
+COMMANDS = ("demo", "bench", "run", "check", "show", "fuse", "example")
+BAD = {
+    "unknown option": {
+        "demo": (["demo", "--bogus"], "unrecognized arguments: --bogus"),
+        "bench": (["bench", "--bogus"], "unrecognized arguments: --bogus"),
+        "run": (["run", "{model}", "--bogus"], "unrecognized arguments: --bogus"),
+        "check": (["check", "{model}", "--target", "all", "--bogus"], "unrecognized arguments: --bogus"),
+        "show": (["show", "{model}", "--bogus"], "unrecognized arguments: --bogus"),
+        "fuse": (["fuse", "{model}", "{tmp}/out.onnx", "--bogus"], "unrecognized arguments: --bogus"),
+        "example": (["example", "--bogus"], "unrecognized arguments: --bogus"),
+    },
+    "stray argument": {
+        "demo": (["demo", "extra"], "unrecognized arguments: extra"),
+        "bench": (["bench", "extra"], "unknown benchmark(s) ['extra']"),
+        "run": (["run", "{model}", "extra"], "unrecognized arguments: extra"),
+        "check": (["check", "{model}", "extra", "--target", "all"], "unrecognized arguments: extra"),
+        "show": (["show", "{model}", "extra"], "unrecognized arguments: extra"),
+        "fuse": (["fuse", "{model}", "{tmp}/out.onnx", "extra"], "unrecognized arguments: extra"),
+        "example": (["example", "all", "extra"], "unrecognized arguments: extra"),
+    },
+    "bad value": {
+        "demo": (["demo", "--runtime", "nope"], "argument --runtime: invalid choice: 'nope'"),
+        "bench": (["bench", "--repeat", "0"], "argument --repeat: expected an integer >= 1, got '0'"),
+        "run": (["run", "{model}", "--random", "--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
+        "check": (["check", "{model}", "--target", "nope"], "--target 'nope': expected one of"),
+        "show": (["show", "{model}", "--format", "nope"], "argument --format: invalid choice: 'nope'"),
+        "fuse": (["fuse", "{model}", "{tmp}"], "output '{tmp}': cannot write it (Is a directory)"),
+        "example": (["example", "nope"], "example 'nope': expected one of"),
+    },
+    "missing value": {
+        "demo": (["demo", "--runtime"], "argument --runtime: expected one argument"),
+        "bench": (["bench", "--plot"], "argument --plot: expected one argument"),
+        "run": (["run"], "the following arguments are required: model"),
+        "check": (["check", "{model}"], "the following arguments are required: --target"),
+        "show": (["show"], "the following arguments are required: model"),
+        "fuse": (["fuse", "{model}"], "the following arguments are required: output"),
+        "example": (["example", "--dump"], "argument --dump: expected one argument"),
+    },
+    "non-ASCII digits": {
+        "bench": (["bench", "--repeat", "²"], "argument --repeat: expected an integer >= 1, got '²'"),
+        "run": (["run", "{model}", "--random", "--dim", "B=²"], "--dim B=²: expected a size >= 0 (decimal digits)"),
+    },
+    "missing file": {cmd: ([cmd, "{tmp}/MISSING.onnx"] + extra, "model '{tmp}/MISSING.onnx': no such file")
+                     for cmd, extra in (("run", ["--random"]), ("check", ["--target", "all"]), ("show", []),
+                                        ("fuse", ["{tmp}/out.onnx"]))},
+    "not a model": {cmd: ([cmd, "{tmp}/junk.onnx"] + extra, "is not an ONNX model")
+                    for cmd, extra in (("run", ["--random"]), ("check", ["--target", "all"]), ("show", []),
+                                       ("fuse", ["{tmp}/out.onnx"]))},
+    "output in a missing directory": {
+        "bench": (["bench", "--plot", "{tmp}/no/dir/x.png"], "--plot '{tmp}/no/dir/x.png': cannot write it: the "
+                                                             "directory '{tmp}/no/dir' does not exist"),
+        "run": (["run", "{model}", "--random", "--dim", "B=2", "--output", "{tmp}/no/dir/o.npz"],
+                "--output '{tmp}/no/dir/o.npz': cannot write it: the directory '{tmp}/no/dir' does not exist"),
+        "show": (["show", "{model}", "-o", "{tmp}/no/dir/g.txt"],
+                 "-o '{tmp}/no/dir/g.txt': cannot write it: the directory '{tmp}/no/dir' does not exist"),
+        "fuse": (["fuse", "{model}", "{tmp}/no/dir/f.onnx"],
+                 "output '{tmp}/no/dir/f.onnx': cannot write it: the directory '{tmp}/no/dir' does not exist"),
+        "example": (["example", "--dump", "{tmp}/junk.onnx/dump"], "--dump '{tmp}/junk.onnx/dump': aclgrphDumpGraph"),
+    },
+    "huge size": {
+        "run": (["run", "{model}", "--random", "--dim", "B=100000000000000"],
+                "--random: input 'x' of shape [100000000000000, 4, 2, 16] would take the random feeds to"),
+    },
+    "file claiming a huge array": {
+        "run": (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}/huge.npy"],
+                "--input cos={tmp}/huge.npy: its header claims shape (10000000000000, 4) of float32 (160000000000000 "
+                "bytes), but the file holds 16 bytes of data"),
+    },
+    "archive claiming a huge array": {
+        "run": (["run", "{model}", "--random", "--dim", "B=2", "--feeds", "{tmp}/huge.npz"],
+                "--feeds '{tmp}/huge.npz': array 'cos': its header claims shape (10000000000000, 4)"),
+    },
+}
+ARGUMENT_KINDS = ("unknown option", "stray argument", "bad value", "missing value")
+
+
+def test_every_command_meets_every_argument_kind():
+    assert all(set(BAD[kind]) == set(COMMANDS) for kind in ARGUMENT_KINDS)
+    assert {cmd for cases in BAD.values() for cmd in cases} == set(COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    import io
+    import zipfile
+
+    import numpy as np
+
+    import geir
+    from helpers import ROPE_GRAD, rotary_graph
+
+    tmp = tmp_path_factory.mktemp("bad")
+    graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[4, 12])
+    geir.save_onnx(graph, tmp / "model.onnx")
+    (tmp / "junk.onnx").write_bytes(b"not a protobuf at all \xff\xff")
+    header = io.BytesIO()       # a 16-byte .npy whose header claims 10^13 x 4 float32 (NumPy would allocate 160 TB)
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**13, 4)})
+    (tmp / "huge.npy").write_bytes(header.getvalue() + bytes(16))
+    with zipfile.ZipFile(tmp / "huge.npz", "w") as archive:
+        archive.writestr("cos.npy", header.getvalue() + bytes(16))
+    return tmp
+
+
+@pytest.mark.parametrize("kind, command", [(kind, cmd) for kind, cases in BAD.items() for cmd in cases])
+def test_bad_arguments_exit_2_with_one_line(bad_files, capsys, kind, command):
+    args, fragment = BAD[kind][command]
+    fill = lambda s: s.replace("{model}", str(bad_files / "model.onnx")).replace("{tmp}", str(bad_files))  # noqa: E731
+    before = sorted(p.name for p in bad_files.iterdir())
+    try:
+        status = main([fill(a) for a in args])
+    except SystemExit as exc:       # argparse's own exit
+        status = exc.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+    assert fill(fragment) in err, err
+    assert sorted(p.name for p in bad_files.iterdir()) == before     # nothing written, no temporary file left
+
+
+def test_a_reader_that_closes_stdout_early_loses_the_printout_not_the_work(tmp_path):
+    """``geir run ... --output F | head -1``: the output file is still written, exit 0, stderr empty (no
+    BrokenPipeError traceback, no 'Exception ignored' at exit)."""
+    import numpy as np
+
+    import geir
+    from helpers import ROPE_GRAD, rotary_graph
+
+    graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[4, 12])
+    geir.save_onnx(graph, tmp_path / "model.onnx")
+    process = subprocess.Popen([sys.executable, "-m", "geir", "run", str(tmp_path / "model.onnx"), "--random",
+                                "--dim", "B=2", "--repeat", "1", "--output", str(tmp_path / "out.npz")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()              # the reader is gone before the first line is printed
+    with process.stderr:
+        err = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 0 and err == ""
+    assert np.load(tmp_path / "out.npz")["y"].shape == (2, 4, 2, 16)

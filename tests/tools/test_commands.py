@@ -194,3 +194,79 @@ def test_a_copy_baseline_keeps_its_fastest_rate_per_byte(monkeypatch):
     assert "MISSED <= 1.5x copy" in kernel_line               # 1 ms against 0.5 ms: 2x (against 10 ms it would be met)
     assert [work for _, work in bench.larger_copies(1000)] == [4000.0, 8000.0]   # bytes read and written
     assert len(bench.larger_copies(bench.LARGEST_COPY // 2)) == 1
+
+
+def test_fuse_into_its_own_input_keeps_it_when_the_export_fails(rope_model, monkeypatch, capsys):
+    """Issue 23 item 13: `geir fuse IN IN` on a fused graph that cannot be exported left IN at 0 bytes."""
+    from geir.ir import _onnx_export
+
+    _, model = rope_model
+    before = model.read_bytes()
+
+    def refuse(graph):
+        raise geir.GraphError("MoeTokenUnpermute 'b': cannot export: made to fail by the test")
+
+    monkeypatch.setattr(_onnx_export, "to_onnx", refuse)
+    assert main(["fuse", str(model), str(model)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot export: made to fail by the test" in err
+    assert model.read_bytes() == before and sorted(p.name for p in model.parent.iterdir()) == [model.name]
+
+
+def test_run_output_is_replaced_whole_or_not_at_all(rope_model, tmp_path, monkeypatch, capsys):
+    """A write that fails half way (a full disk) keeps the previous --output file and exits 2 with one line."""
+    _, model = rope_model
+    out = tmp_path / "out.npz"
+    assert main(["run", str(model), "--random", "--dim", "B=2", "--output", str(out)]) == 0
+    before = out.read_bytes()
+    write_array = np.lib.format.write_array
+
+    def fill_the_disk(fp, array, *args, **kwargs):
+        write_array(fp, array, *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np.lib.format, "write_array", fill_the_disk)
+    capsys.readouterr()
+    assert main(["run", str(model), "--random", "--dim", "B=3", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"geir run: --output {str(out)!r}: cannot write it (No space left on device)\n"
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["out.npz", "rope_grad.onnx"]
+
+
+def test_run_output_names_are_not_savez_keywords(tmp_path):
+    """np.savez(path, **outputs) fails for an output named 'file' or 'allow_pickle'; the writer takes any name."""
+    from geir.tools.model_io import save_outputs
+
+    arrays = {"file": np.arange(3, dtype=np.int32), "allow_pickle": np.ones((2, 2), ml_dtypes.bfloat16)}
+    assert save_outputs(str(tmp_path / "o.npz"), arrays) == ["allow_pickle"]
+    with np.load(tmp_path / "o.npz") as back:
+        np.testing.assert_array_equal(back["file"], arrays["file"])
+        assert back["allow_pickle"].dtype == np.float32 and (back["allow_pickle"] == 1).all()
+
+
+def test_bench_plot_that_fails_to_draw_keeps_the_old_picture(tmp_path, monkeypatch):
+    """The bar chart goes through the same helper: a savefig that fails half way leaves the old file."""
+    from types import SimpleNamespace
+
+    from geir.tools import bench
+
+    def savefig(target, **kwargs):       # writes half a PNG, then fails as a full disk would
+        if isinstance(target, (str, os.PathLike)):
+            with open(target, "wb") as f:
+                f.write(b"\x89PNG half")
+        else:
+            target.write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    axes = SimpleNamespace(**{name: (lambda *a, **k: None) for name in (
+        "barh", "set_yticks", "invert_yaxis", "set_xscale", "axvline", "set_xlabel", "legend")})
+    figure = SimpleNamespace(tight_layout=lambda: None, savefig=savefig)
+    closed = []
+    plt = SimpleNamespace(subplots=lambda **k: (figure, axes), close=closed.append)
+    monkeypatch.setattr(bench, "_pyplot", lambda: plt)
+    picture = tmp_path / "ratios.png"
+    picture.write_bytes(b"old picture")
+    with pytest.raises(OSError, match="No space left"):
+        bench._draw(str(picture), [("a", 1.0)])
+    assert picture.read_bytes() == b"old picture" and [p.name for p in tmp_path.iterdir()] == ["ratios.png"]
+    assert closed == [figure]
