@@ -111,9 +111,16 @@ def _run_checker(model: ModelProto) -> None:
 
 
 def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
-    """Nodes after inlining every local function not in ``keep``; GraphError past the budget or on recursion."""
+    """Nodes once every local function not in ``keep`` is inlined, counting the nodes of every subgraph (If, Loop
+    and Scan bodies, at any depth, also inside functions) with the graph holding them; GraphError as soon as the
+    count passes the budget (before anything is expanded) or on a function calling itself."""
     functions = {(f.domain, f.name): f for f in model.functions}
     sizes: dict[tuple[str, str], int] = {}
+
+    def over() -> GraphError:
+        return GraphError(f"ONNX model '{model.graph.name}' expands to more than {MAX_IMPORTED_NODES} nodes once its "
+                          f"local functions are inlined, counting every subgraph (geir's import budget, "
+                          f"MAX_IMPORTED_NODES)")
 
     def size(nodes, calling: tuple) -> int:
         total = 0
@@ -127,9 +134,13 @@ def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
                 total += sizes[key]
             else:
                 total += 1
+            for attribute in node.attribute:       # subgraphs: one per g, any number per graphs
+                for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    total += size(subgraph.node, calling)
+                    if total > MAX_IMPORTED_NODES:
+                        raise over()
             if total > MAX_IMPORTED_NODES:
-                raise GraphError(f"ONNX model '{model.graph.name}' expands to more than {MAX_IMPORTED_NODES} nodes "
-                                 f"once its local functions are inlined (geir's import budget, MAX_IMPORTED_NODES)")
+                raise over()
         return total
 
     return size(model.graph.node, ())

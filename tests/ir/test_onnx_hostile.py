@@ -209,3 +209,68 @@ def test_an_unknown_element_type_is_named_not_a_key_error():
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", dtype=99)], [_vi("y")])
     with pytest.raises(GraphError):
         geir.from_onnx(model)
+
+
+def _functions_in_a_branch(depth: int) -> onnx.ModelProto:
+    """If(c) then F_depth(constant) else Neg(constant), where F_k calls F_(k-1) twice: 2**depth nodes in a branch."""
+    user = [helper.make_opsetid("", 18), helper.make_opsetid("com.user", 1)]
+    functions = [helper.make_function("com.user", "F0", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                      user[:1])]
+    for level in range(1, depth + 1):
+        nodes = [helper.make_node(f"F{level - 1}", ["a"], ["t"], domain="com.user"),
+                 helper.make_node(f"F{level - 1}", ["t"], ["b"], domain="com.user")]
+        functions.append(helper.make_function("com.user", f"F{level}", ["a"], ["b"], nodes, user))
+    k = helper.make_tensor("k", F32, [2], [-1.0, 2.0])
+    then = helper.make_graph([helper.make_node("Constant", [], ["kt"], value=k),
+                              helper.make_node(f"F{depth}", ["kt"], ["yt"], domain="com.user")], "then", [],
+                             [_vi("yt", (2,))])
+    other = helper.make_graph([helper.make_node("Constant", [], ["ke"], value=k), helper.make_node("Neg", ["ke"], ["ye"])],
+                              "else", [], [_vi("ye", (2,))])
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                   [_vi("c", (), TensorProto.BOOL)], [_vi("y", (2,))], functions=functions)
+    model.opset_import.append(helper.make_opsetid("com.user", 1))
+    return model
+
+
+def test_functions_expanding_inside_a_subgraph_count_against_the_budget(monkeypatch):
+    """Issue 23 item 25: only the top-level graph was counted, so 1.7 KB imported 262,144 nodes (25 s, 1.7 GB at
+    depth 20). Refused before anything is expanded (the inliner must not run)."""
+    model = _functions_in_a_branch(20)
+    assert len(model.SerializeToString()) < 4096
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was expanded before the budget refused it")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx.inliner, "inline_selected_functions", never)
+        with pytest.raises(GraphError, match=rf"expands to more than {MAX_IMPORTED_NODES} nodes .*counting every "
+                                             r"subgraph"):
+            geir.from_onnx(model)
+    graph = geir.from_onnx(_functions_in_a_branch(3))          # within the budget: imports and runs
+    for runtime in ("numpy", "onnxruntime"):
+        np.testing.assert_array_equal(geir.run(graph, {"c": np.array(True)}, runtime=runtime)["y"], [0, 2])
+        np.testing.assert_array_equal(geir.run(graph, {"c": np.array(False)}, runtime=runtime)["y"], [1, -2])
+
+
+def test_every_subgraph_at_any_depth_counts_against_the_budget(monkeypatch):
+    """Nested If branches of plain nodes: each level's nodes count, however deep (budget lowered to keep it small)."""
+    k = helper.make_tensor("k", F32, [2], [-1.0, 2.0])
+
+    def branch(name: str, depth: int) -> onnx.GraphProto:
+        nodes = [helper.make_node("Constant", [], [f"{name}_k"], value=k),
+                 helper.make_node("Neg", [f"{name}_k"], [f"{name}_y"])]
+        if depth:       # a branch's own condition (geir's import reads no value of an enclosing graph)
+            nodes = [helper.make_node("Constant", [], [f"{name}_c"], value=helper.make_tensor("t", TensorProto.BOOL,
+                                                                                              [], [True])),
+                     helper.make_node("If", [f"{name}_c"], [f"{name}_y"], then_branch=branch(f"{name}t", depth - 1),
+                                      else_branch=branch(f"{name}e", depth - 1))]
+        return helper.make_graph(nodes, name, [], [_vi(f"{name}_y", (2,))])
+
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=branch("t", 2), else_branch=branch("e", 2))],
+                   [_vi("c", (), TensorProto.BOOL)], [_vi("y", (2,))])
+    # the top If, then 2 + 4 branches of a Constant and an If, and 8 leaves of a Constant and a Neg: 29 nodes
+    monkeypatch.setattr("geir.ir._onnx_import.MAX_IMPORTED_NODES", 28)
+    with pytest.raises(GraphError, match="expands to more than 28 nodes"):
+        geir.from_onnx(model)
+    monkeypatch.setattr("geir.ir._onnx_import.MAX_IMPORTED_NODES", 29)
+    assert [n.op_type for n in geir.from_onnx(model).nodes] == ["If"]
