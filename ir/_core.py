@@ -200,6 +200,8 @@ class Graph:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update({"defaults": {}, **state})   # a graph pickled before inputs had defaults has none
+        for array in self.defaults.values():              # copied arrays come back writeable: the graph's own again
+            array.flags.writeable = False
 
     def __copy__(self) -> Graph:
         """An independent copy, as ``copy.deepcopy``: a shallow copy would share the node, input and output lists

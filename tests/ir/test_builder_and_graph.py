@@ -220,3 +220,9 @@ def test_an_input_default_is_used_when_the_input_is_not_fed(runtime):
         geir.run(graph, {"x": np.ones(2, np.float32)}, runtime=runtime)
     with pytest.raises(GraphError, match="default for 'z': no graph input has that name"):
         graph.set_default("z", given)
+    import copy
+    import pickle
+
+    for twin in (copy.copy(graph), pickle.loads(pickle.dumps(graph))):   # copies keep the default, read-only
+        assert not twin.defaults["w"].flags.writeable and not np.shares_memory(twin.defaults["w"], graph.defaults["w"])
+        np.testing.assert_array_equal(geir.run(twin, {"x": x_feed}, runtime=runtime)["y"], [2, 4, 6])
