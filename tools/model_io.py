@@ -12,7 +12,7 @@ import math
 import os
 import zipfile
 from collections.abc import Mapping, Sequence
-from typing import BinaryIO
+from typing import IO
 
 import ml_dtypes
 import numpy as np
@@ -55,7 +55,7 @@ def _read(path: str, what: str) -> bytes:
         raise CommandError(f"{what} {path!r}: {exc.strerror or exc}") from None
 
 
-def _read_array(stream: BinaryIO, size: int, what: str) -> np.ndarray:
+def _read_array(stream: IO[bytes], size: int, what: str) -> np.ndarray:
     """The ``.npy`` array of ``size`` bytes at the stream's start. Its header is read first and refused when it
     claims more data than the ``size`` bytes hold: NumPy allocates what the header says before reading, so a
     60-byte file claiming 10^13 x 4 floats would otherwise end in a MemoryError."""
