@@ -17,7 +17,7 @@ from typing import NoReturn, TextIO
 
 from ..ir._errors import ExecutionError, GraphError
 from ..runtimes import runtime_names
-from .model_io import CommandError, describe_os_error
+from .model_io import CommandError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,10 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     stdout = sys.stdout
     sys.stdout = _ReaderMayLeave(stdout)   # type: ignore[assignment]
+    try:                                    # --help and --version print (and exit) inside parse_args
+        parser = build_parser()
+        return _run(parser, parser.parse_args(argv))
+    finally:
+        sys.stdout.flush()                  # through the wrapper: a reader gone now is not an error at exit
+        sys.stdout = stdout
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         return _dispatch(parser, args)
     except (CommandError, GraphError, ExecutionError) as exc:
@@ -105,12 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "inputs need more than this machine has")
     except OSError as exc:                  # a file the command writes or reads that the commands did not name
         where = f"{os.fspath(exc.filename)!r}: " if exc.filename is not None else ""
-        return _refuse(f"geir {args.command}: {where}{describe_os_error(exc)}")
+        return _refuse(f"geir {args.command}: {where}{exc.strerror or exc}")
     except KeyboardInterrupt:
         return _refuse(f"geir {args.command}: interrupted", 130)
-    finally:
-        sys.stdout.flush()                  # through the wrapper: a reader gone now is not an error at exit
-        sys.stdout = stdout
 
 
 def _one_line(text: str) -> str:

@@ -209,3 +209,31 @@ def test_a_reader_that_closes_stdout_early_loses_the_printout_not_the_work(tmp_p
         err = process.stderr.read().decode()
     assert process.wait(timeout=300) == 0 and err == ""
     assert np.load(tmp_path / "out.npz")["y"].shape == (2, 4, 2, 16)
+
+
+class _GoneReader:
+    """A stdout whose reader has gone: every write and flush raises BrokenPipeError, as a closed pipe does."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_gone_reader_is_not_an_error_for_any_printout(bad_files, monkeypatch, capsys):
+    """--version and --help print inside argument parsing; show prints the graph: none raises, and the
+    command's own status comes back (0), with nothing on stderr."""
+    gone = _GoneReader()
+    monkeypatch.setattr(sys, "stdout", gone)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert main(["show", str(bad_files / "model.onnx")]) == 0
+    assert main(["check", str(bad_files / "model.onnx"), "--target", "all"]) == 1     # its status, not the pipe's
+    assert gone.writes == 3 and sys.stdout is gone      # one per command: after it fails, nothing more is tried
+    assert capsys.readouterr().err == ""
