@@ -270,3 +270,19 @@ def test_bench_plot_that_fails_to_draw_keeps_the_old_picture(tmp_path, monkeypat
         bench._draw(str(picture), [("a", 1.0)])
     assert picture.read_bytes() == b"old picture" and [p.name for p in tmp_path.iterdir()] == ["ratios.png"]
     assert closed == [figure]
+
+
+def test_a_run_out_of_memory_is_one_line(rope_model, monkeypatch, capsys):
+    """A model whose intermediates outgrow the machine ends with exit 2 and one line, not a MemoryError traceback."""
+    from types import SimpleNamespace
+
+    from geir.tools import commands
+
+    def run(feeds):
+        raise MemoryError("Unable to allocate 1.5 PiB for an array with shape (10**15,)")
+
+    monkeypatch.setattr(commands, "get_runtime", lambda name: SimpleNamespace(compile=lambda g: SimpleNamespace(run=run)))
+    _, model = rope_model
+    assert main(["run", str(model), "--random", "--dim", "B=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("geir run: out of memory (Unable to allocate 1.5 PiB")
