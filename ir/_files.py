@@ -66,7 +66,7 @@ def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
     directory, name = os.path.split(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:                               # mkstemp would create it 0600; O_EXCL keeps the name ours alone
-        temp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        temp = os.path.join(directory, f".{name[:200]}.{secrets.token_hex(4)}.tmp")   # within NAME_MAX (255)
         try:
             fd = os.open(temp, flags, 0o666 if info is None else stat.S_IMODE(info.st_mode))
             break
