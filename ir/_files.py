@@ -64,9 +64,10 @@ def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
             yield direct
         return
     directory, name = os.path.split(target)
+    stem = os.fsdecode(os.fsencode(name)[:200])     # the temporary name stays within NAME_MAX (255 bytes)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:                               # mkstemp would create it 0600; O_EXCL keeps the name ours alone
-        temp = os.path.join(directory, f".{name[:200]}.{secrets.token_hex(4)}.tmp")   # within NAME_MAX (255)
+        temp = os.path.join(directory, f".{stem}.{secrets.token_hex(4)}.tmp")
         try:
             fd = os.open(temp, flags, 0o666 if info is None else stat.S_IMODE(info.st_mode))
             break
