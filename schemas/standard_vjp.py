@@ -101,6 +101,8 @@ def _matmul(ctx, node, grads):
 def _transpose(ctx, node, grads):
     rank = len(node.inputs[0].type.shape)
     perm = list(node.attributes.get("perm", range(rank - 1, -1, -1)))
+    if rank == 0:       # a 0-d Transpose is the identity (and ONNX cannot write an empty perm)
+        return [grads[0]]
     inverse = [perm.index(i) for i in range(rank)]
     return [ctx.op("Transpose", grads[0], perm=inverse)]
 

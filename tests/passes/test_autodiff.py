@@ -85,6 +85,9 @@ STANDARD = {
     "reduce_sum_dropped": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, _ints(b, "ax", [-1]), keepdims=0)),
     "reduce_sum_all": ({"a": (2, 3)}, lambda b, a: b.op("ReduceSum", a, keepdims=0)),
     "softmax": ({"a": (2, 3, 5)}, lambda b, a: b.op("Softmax", a, axis=1)),
+    # 0-d operands (found by the random graphs: Transpose's VJP emitted a Transpose with perm [], which ONNX cannot write)
+    "transpose_0d": ({"a": ()}, lambda b, a: b.op("Transpose", a)),
+    "reduce_sum_0d_dropped": ({"a": ()}, lambda b, a: b.op("ReduceSum", a, keepdims=0)),
     "shared_value": ({"a": (2, 3)}, lambda b, a: b.op("Mul", b.op("Add", a, a), a)),
 }
 
