@@ -44,8 +44,8 @@ def reference(graph: Graph, feeds: Mapping[str, np.ndarray], rounded: bool = Tru
     exact: dict[str, np.ndarray] = {}
     if not rounded and isinstance(feeds, Mapping):
         declared = {v.name: v.dtype for v in graph.inputs}
-        exact = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype == np.float64
-                 and k in declared and declared[k].is_floating}
+        exact = {k: np.asarray(v) for k, v in feeds.items() if isinstance(v, (np.ndarray, np.float64))
+                 and v.dtype == np.float64 and k in declared and declared[k].is_floating}   # 0-d arithmetic: a scalar
         feeds = {k: (v.astype(declared[k].numpy) if k in exact else v) for k, v in feeds.items()}
     env, _ = validate_feeds(graph, feeds)
     env = {name: exact[name] if name in exact else _widen(array) for name, array in env.items()}
