@@ -11,7 +11,7 @@ typedef struct {
 
 GEIR_INTERNAL OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx);
 /* exported for the test that compares the tables with geir.schemas.rotary.rotation */
-void geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign);
+int geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign);
 /* moe.c */
 GEIR_INTERNAL OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx);
 GEIR_INTERNAL OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx);

@@ -9,13 +9,14 @@ typedef struct {
   const RotaryKernel* k;
   Tensor x, cos, sin, out;
   int64_t length, rows_per_task, rows, cb, cs, cn;
-  int* partner;
+  int64_t* partner;
   float* sign;
+  int failed; /* a task could not allocate its row buffers: the kernel returns an error */
 } RotaryJob;
 
-/* The pair tables of geir.schemas.rotary.rotation (tested against it through this exported symbol):
- * partner[i] is the position i rotates with, sign[i] +1 on the first element of its pair, -1 on the second. */
-void geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign) {
+/* The pair tables of geir.schemas.rotary.rotation: partner[i] is the position i rotates with, sign[i] +1 on the
+ * first element of its pair, -1 on the second. */
+static void rotary_tables(int64_t mode, int64_t L, int64_t* partner, float* sign) {
   int64_t h = L / 2, q = L / 4;
   for (int64_t i = 0; i < L; i++) {
     int64_t p, first;
@@ -30,9 +31,20 @@ void geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign) {
       p = (i + h) % L;
       first = i < h;
     }
-    partner[i] = (int)p;
+    partner[i] = p;
     sign[i] = first ? 1.0f : -1.0f;
   }
+}
+
+/* The same tables with int partners, exported for the test that compares them with geir.schemas.rotary.rotation.
+ * Returns 0, or -1 when its buffer cannot be allocated. */
+int geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign) {
+  int64_t* wide = (int64_t*)geir_scratch((size_t)(L > 0 ? L : 1) * sizeof(int64_t), 0);
+  if (!wide) return -1;
+  rotary_tables(mode, L, wide, sign);
+  for (int64_t i = 0; i < L; i++) partner[i] = (int)wide[i];
+  free(wide);
+  return 0;
 }
 
 /* y[i] = c[i] * g[i] + m[i] * g[partner(i)] over the slice, in the pair layout of the mode; the
@@ -111,8 +123,12 @@ static void rotary_task(void* user, size_t task) {
   int64_t d = j->x.dims[3], L = j->length, s = k->start, h = L / 2;
   int64_t S = j->x.dims[1], N = j->x.dims[2];
   size_t xs = elem_size(j->x.type), cs = elem_size(j->cos.type);
-  float buf[6 * 1024];
-  float *g = buf, *c = buf + 1024, *n = buf + 2 * 1024, *m = buf + 3 * 1024, *y = buf + 4 * 1024, *t = buf + 5 * 1024;
+  float* buf = (float*)geir_scratch((size_t)(6 * L) * sizeof(float), 0); /* any slice length: on the heap */
+  if (!buf) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_SEQ_CST);
+    return;
+  }
+  float *g = buf, *c = buf + L, *n = buf + 2 * L, *m = buf + 3 * L, *y = buf + 4 * L, *t = buf + 5 * L;
   int64_t first = (int64_t)task * j->rows_per_task, last = first + j->rows_per_task, table_row = -1;
   if (last > j->rows) last = j->rows;
   for (int64_t row = first; row < last; row++) {
@@ -159,6 +175,7 @@ static void rotary_task(void* user, size_t task) {
     }
     store_f32(y, j->x.type, dst + (size_t)s * xs, (size_t)L);
   }
+  free(buf);
 }
 
 OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
@@ -200,13 +217,12 @@ OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
   int64_t unit = k->mode == 2 ? 4 : 2;
   if (k->mode < 0 || k->mode > 3) return ort_error(op, "rotary_mode %ld is not one of 0, 1, 2, 3", (long)k->mode, 0, 0);
   if (j.length % unit) return ort_error(op, "slice length %ld is not divisible by %ld", (long)j.length, (long)unit, 0);
-  if (j.length > 1024) return ort_error(op, "slice length %ld exceeds the native kernel's 1024", (long)j.length, 0, 0);
   if (j.x.type != j.out.type) return ort_error(op, "output type %ld differs from input type %ld", j.out.type, j.x.type, 0);
-  int partner[1024];
-  float sign[1024];
-  geir_rotary_tables(k->mode, j.length, partner, sign);
-  j.partner = partner;
-  j.sign = sign;
+  /* the pair tables, for a slice of any length (no limit the schema does not state) */
+  j.partner = (int64_t*)geir_scratch((size_t)j.length * (sizeof(int64_t) + sizeof(float)), 0);
+  if (!j.partner) return ort_out_of_memory(op);
+  j.sign = (float*)(j.partner + j.length);
+  rotary_tables(k->mode, j.length, j.partner, j.sign);
   j.cb = j.cos.dims[0];
   j.cs = j.cos.dims[1];
   j.cn = j.cos.dims[2];
@@ -214,10 +230,12 @@ OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
   int64_t per_row = d > 0 ? d : 1;
   j.rows_per_task = (1 << 16) / per_row + 1;
   size_t tasks = (size_t)((j.rows + j.rows_per_task - 1) / j.rows_per_task);
-  if (tasks <= 1) {
-    if (tasks) rotary_task(&j, 0);
-    return NULL;
-  }
-  return FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, rotary_task, tasks, 0, &j);
+  if (tasks == 1)
+    rotary_task(&j, 0);
+  else if (tasks > 1)
+    st = FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, rotary_task, tasks, 0, &j);
+  free(j.partner);
+  if (!st && __atomic_load_n(&j.failed, __ATOMIC_SEQ_CST)) st = ort_out_of_memory(op);
+  return st;
 }
 
