@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...schemas import sparse_attention as schemas
-from ...schemas.sparse_attention.paging import dense_view, gather_dense
+from ...schemas.sparse_attention.paging import PagedKeys, paged_keys
 from ...schemas.sparse_attention.selection import QueryRows, candidate_grid, candidates, query_rows
 
 from ._kernels import kernel, take_rows
@@ -54,6 +54,8 @@ class _Problem:
     scale: np.floating
     block_size: int
     max_keys: int            # most keys of one batch (BSND S2, TND T2)
+    key_rows: int            # logical key rows (B * S2 or T2; a paged cache's may be 0)
+    pages: PagedKeys | None  # a paged cache: ``key``/``value`` hold its rows, read through this map
 
     @property
     def span(self) -> int:
@@ -84,8 +86,9 @@ class _Problem:
         (this thread's buffers, valid until its next gather)."""
         n1, n2, g = self.heads
         pos, valid = candidates(self.indices[qi], self.rows.threshold[qi], self.block_size, self.max_keys)
-        kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, self.key.shape[0] - 1)
-        flat = kv * n2 + np.arange(n2)[None, :, None]                    # rows of the (T2 * N2, .) views
+        kv = np.clip(self.rows.kv_start[qi][:, None, None] + pos, 0, max(self.key_rows - 1, 0))
+        home = kv if self.pages is None else self.pages.cache_rows(kv)   # logical key row -> row of ``key``
+        flat = home * n2 + np.arange(n2)[None, :, None]                  # rows of the (rows * N2, .) views
         keys = _gather_widened(self.key, flat, self.cdt, scratch, "keys")      # (nq, N2, Lp, D + Dr)
         values = None if self.value is None else _gather_widened(self.value, flat, self.cdt, scratch, "values")
         queries = self.query[qi].astype(self.cdt, copy=False).reshape(qi.size, n2, g, -1)
@@ -138,17 +141,23 @@ def _with_rope(layout: str, x: np.ndarray, rope: np.ndarray | None) -> np.ndarra
 
 
 def _problem(layout: str, query, key, value, indices, lengths_q, lengths_kv, query_rope, key_rope,
-             scale_value: float, block_size: int, sparse_mode: int) -> _Problem:
+             scale_value: float, block_size: int, sparse_mode: int, pages: PagedKeys | None = None) -> _Problem:
+    """The flattened problem; with ``pages``, key/value/key_rope are a paged cache's rows (block_num * page, N2, .)."""
     dtype = query.dtype
     cdt = np.dtype(np.float64 if dtype == np.float64 else np.float32)
-    seq_q, seq_kv = (query.shape[1], key.shape[1]) if layout == "BSND" else (0, 0)
     q = _with_rope(layout, query, query_rope)
+    if pages is None:
+        seq_q, seq_kv = (query.shape[1], key.shape[1]) if layout == "BSND" else (0, 0)
+        keys, values = _with_rope(layout, key, key_rope), _flatten(layout, value) if layout == "BSND" else value
+        max_keys = seq_kv if layout == "BSND" else key.shape[0]
+    else:
+        seq_q, seq_kv = query.shape[1] if layout == "BSND" else 0, pages.seq_kv
+        keys, values, max_keys = _with_rope("TND", key, key_rope), value, pages.max_keys
     rows = query_rows(layout, q.shape[0], seq_q, seq_kv, lengths_q, lengths_kv, sparse_mode)
     flat_indices = indices.reshape((q.shape[0],) + indices.shape[-2:])
-    return _Problem(layout, q, _with_rope(layout, key, key_rope),
-                    None if value is None else (_flatten(layout, value) if layout == "BSND" else value),
-                    flat_indices, rows, query.shape[-1], dtype, cdt, cdt.type(np.float32(scale_value)), block_size,
-                    seq_kv if layout == "BSND" else key.shape[0])
+    return _Problem(layout, q, keys, values, flat_indices, rows, query.shape[-1], dtype, cdt,
+                    cdt.type(np.float32(scale_value)), block_size, max_keys,
+                    keys.shape[0] if pages is None else pages.total, pages)
 
 
 def _to_stats_layout(layout: str, rows_stats: np.ndarray, query_shape: tuple[int, ...]) -> np.ndarray:
@@ -173,14 +182,16 @@ def sparse_flash_attention(query, key, value, sparse_indices, block_table=None, 
                            attention_mode: int = 0, return_softmax_lse: bool = False):
     """Return ``(attention_out, softmax_max, softmax_sum)``; the stats are (0,) without return_softmax_lse.
 
-    A paged cache (``layout_kv`` PA_BSND) is first gathered into the dense keys it stands for (spec 4.11)."""
+    A paged cache (``layout_kv`` PA_BSND) runs the dense problem it stands for (spec 4.11), its keys read through
+    the block table as they are gathered: work and memory follow the keys read, not ``max_blocks * page``."""
     layout = layout_query
+    pages = None
     if layout_kv == schemas.PAGED:
-        view = dense_view(layout, block_table, actual_seq_lengths_kv, key.shape[1], key.shape[0])
-        key, value, key_rope = (gather_dense(t, view) for t in (key, value, key_rope))
-        actual_seq_lengths_kv = view.lengths_kv
+        pages = paged_keys(layout, block_table, actual_seq_lengths_kv, key.shape[1], key.shape[0])
+        key, value, key_rope = (None if t is None else t.reshape((-1,) + t.shape[2:]) for t in (key, value, key_rope))
+        actual_seq_lengths_kv = pages.lengths_kv
     p = _problem(layout, query, key, value, sparse_indices, actual_seq_lengths_query, actual_seq_lengths_kv,
-                 query_rope, key_rope, scale_value, sparse_block_size, sparse_mode)
+                 query_rope, key_rope, scale_value, sparse_block_size, sparse_mode, pages)
     n1, n2, g = p.heads
     rows_total, d2 = p.query.shape[0], value.shape[-1]
     out = np.zeros((rows_total, n2, g, d2), p.cdt)
@@ -329,6 +340,8 @@ def sparse_flash_attention_grad(query, key, sparse_indices, d_out, out, softmax_
     accumulators: dict[int, np.ndarray] = {}   # first query row of a thread's chunk -> its [dK | dV]
 
     def run(chunk: list[np.ndarray]) -> None:
+        if not chunk:                  # no row reads a key (e.g. every kv length 0): the sums stay 0 (spec 4.7)
+            return
         acc = np.zeros((n2, p.key.shape[0], dq + d2), p.cdt)   # per thread: [dK | dV] of (head, key row)
         accumulators[int(chunk[0][0])] = acc
         dense, scratch = _DenseSpan(p.cdt), _Scratch()

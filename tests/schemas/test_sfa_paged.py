@@ -8,7 +8,7 @@ import pytest
 
 import geir
 from geir.schemas.sparse_attention.examples import SfaCase, paged_arrays
-from geir.schemas.sparse_attention.paging import dense_view, gather_dense
+from geir.schemas.sparse_attention.paging import gather_dense, paged_keys
 from oracles.numerics import bits_equal
 
 SFA = "SparseFlashAttention"
@@ -53,14 +53,14 @@ def test_a_paged_cache_gives_the_dense_result_bit_for_bit(case):
 
 
 def test_the_statement_of_the_addressing_and_the_body_agree():
-    """dense_view's rows are the keys' homes; a probe (one-hot values) reads the body's addressing back."""
+    """paged_keys maps the logical keys to their homes; a probe (one-hot values) reads the body's addressing back."""
     case = SfaCase(layout="TND", mode=0, bs=1, K=8, N1=2, D=16, D2=16, tnd_kv=[5, 9], tnd_q=[2, 4], dtype="float16",
                    full=True, seed=7)
     dense = case.arrays()
     paged = paged_arrays(dense, "TND", 16, np.random.default_rng(1))
-    view = dense_view("TND", paged["block_table"], paged["actual_seq_lengths_kv"], 16, paged["key"].shape[0])
-    np.testing.assert_array_equal(gather_dense(paged["key"], view), dense["key"][:9])
-    np.testing.assert_array_equal(view.lengths_kv, [5, 9])
+    keys = paged_keys("TND", paged["block_table"], paged["actual_seq_lengths_kv"], 16, paged["key"].shape[0])
+    np.testing.assert_array_equal(gather_dense(paged["key"], keys), dense["key"][:9])
+    np.testing.assert_array_equal(keys.lengths_kv, [5, 9])
 
 
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
@@ -163,3 +163,40 @@ def test_bad_lengths_and_pages_are_caught_on_both_runtimes_with_one_text(breakin
             geir.run(graph, feeds, runtime=runtime)
         texts.append(str(err.value))
     assert texts[0] == texts[1] and "[PA-D1]" in texts[0] and fact in texts[0], texts
+
+
+def _one_page_read_through_a_huge_table(layout: str, columns: int) -> tuple[geir.Graph, dict]:
+    """One batch whose two query rows read 2 keys of page 1 through a block table of ``columns`` columns (a
+    1 MiB table at 2**18): all but the first column are -1 padding that no selection reaches."""
+    rng = np.random.default_rng(21)
+    lead = (1, 2) if layout == "BSND" else (2,)
+    table = np.full((1, columns), -1, np.int32)
+    table[0, 0] = 1
+    arrays = {"query": rng.standard_normal(lead + (2, 8)).astype(np.float16),
+              "key": rng.standard_normal((2, 16, 1, 8)).astype(np.float16),
+              "value": rng.standard_normal((2, 16, 1, 8)).astype(np.float16),
+              "sparse_indices": np.array([0, -1, 0, 1], np.int32).reshape(lead + (1, 2)), "block_table": table,
+              "actual_seq_lengths_query": np.array([2], np.int32), "actual_seq_lengths_kv": np.array([2], np.int32)}
+    graph = _graph(arrays, scale_value=0.25, layout_query=layout, layout_kv="PA_BSND", sparse_mode=3)
+    return graph, arrays
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_a_huge_block_table_costs_memory_by_the_keys_read_not_by_its_size(layout):
+    """Issue 23 item 24: the NumPy kernel used to gather max_blocks * page dense keys whatever the lengths said
+    (160 MiB traced for this BSND case with a 1 MiB table, 2 keys read); it now reads keys through the table as it
+    gathers them. The result is bit-identical to the same problem with a one-column table."""
+    import tracemalloc
+
+    graph, feeds = _one_page_read_through_a_huge_table(layout, 1)
+    want = geir.run(graph, feeds)["attention_out"]
+    graph, feeds = _one_page_read_through_a_huge_table(layout, 1 << 18)
+    geir.run(graph, feeds)                            # once before measuring: imports and caches are not the point
+    tracemalloc.start()
+    try:
+        got = geir.run(graph, feeds)["attention_out"]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert bits_equal(got, want)
+    assert peak < 8 * feeds["block_table"].nbytes, f"{peak / 2**20:.1f} MiB traced for a 1 MiB table"
