@@ -83,10 +83,11 @@ class Body:
     def unsqueeze(self, x: str, *axes: int) -> str:
         return self.op("Unsqueeze", x, self.ints(*axes))
 
-    def reshape(self, x: str, *dims: str) -> str:
-        """Reshape to the concatenation of 1-element shape tensors (names) or ints."""
+    def reshape(self, x: str, *dims: str | int, allowzero: bool = False) -> str:
+        """Reshape to the concatenation of 1-element shape tensors (names) or ints. ``allowzero``: a 0 in the shape
+        is a dimension of size 0 (ONNX's default copies the input's dimension there instead); no -1 then."""
         parts = [d if isinstance(d, str) else self.ints(d) for d in dims]
-        return self.op("Reshape", x, self.concat(*parts))
+        return self.op("Reshape", x, self.concat(*parts), **({"allowzero": 1} if allowzero else {}))
 
     def slice(self, x: str, start: str, end: str, axis: int) -> str:
         return self.op("Slice", x, start, end, self.ints(axis))

@@ -19,23 +19,32 @@ def _clamp(b: Body, idx: str, size: str) -> str:
     return b.op("Max", b.op("Min", idx, b.op("Sub", size, b.ints(1))), b.ints(0))
 
 
+def _with_zero_row(b: Body, name: str) -> str:
+    """``name`` (R, H) in float32 with a row of zeros appended: a Gather from it is in range even when R = 0 (every
+    slot dropped), where ONNX Runtime refuses any Gather from an empty axis."""
+    zeros = b.op("ConstantOfShape", b.concat(b.ints(1), b.dim(name, 1)),
+                 value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
+    return b.concat(b.to_float(name), zeros, axis=0)
+
+
 @register_lowering(FORWARD)
 def moe_forward(b: Body, spec: LoweringSpec) -> None:
     rows = b.dim("permuted_tokens", 0)
     slots = b.to_int64("sorted_indices")
-    tokens32 = b.to_float("permuted_tokens")
+    tokens32 = _with_zero_row(b, "permuted_tokens")                             # (R + 1, H)
+    rows_read = b.op("Add", rows, b.ints(1))
     zero = b.f32(0.0)
     if spec.has("probs"):
         topk = b.dim("probs", 1)
-        index = b.reshape(slots, b.dim("probs", 0), topk)                       # (Tn, K)
+        index = b.reshape(slots, b.dim("probs", 0), topk, allowzero=True)       # (Tn, K); K or Tn may be 0
         weights = b.to_float("probs")
         keep = b.op("And", b.op("Less", index, rows), b.op("Not", b.op("Equal", weights, zero)))
-        gathered = b.op("Gather", tokens32, _clamp(b, index, rows), axis=0)     # (Tn, K, H)
+        gathered = b.op("Gather", tokens32, _clamp(b, index, rows_read), axis=0)  # (Tn, K, H)
         weighted = b.op("Mul", gathered, b.unsqueeze(weights, 2))
         total = b.sum(b.where(b.unsqueeze(keep, 2), weighted, zero), 1)
     else:
         keep = b.op("Less", slots, rows)
-        gathered = b.op("Gather", tokens32, _clamp(b, slots, rows), axis=0)     # (M, H)
+        gathered = b.op("Gather", tokens32, _clamp(b, slots, rows_read), axis=0)  # (M, H)
         total = b.where(b.unsqueeze(keep, 1), gathered, zero)
     b.output("CastLike", "unpermuted_tokens", total, "permuted_tokens")
 

@@ -126,7 +126,7 @@ _DENSE_KV = {"key": "key", "value": "value", "key_rope": "key_rope", "actual_seq
 
 def _paged_kv(b: Body, spec: LoweringSpec, layout: str) -> dict[str, str]:
     """The dense key/value/key_rope a paged cache stands for, and the kv lengths of that dense problem
-    (``paging.dense_view`` written with Gather): logical key j of batch b is cache row
+    (``paging.PagedKeys`` written with Gather): logical key j of batch b is cache row
     ``block_table[b, j // page] * page + j % page``."""
     page, blocks = b.dim("key", 1), b.dim("key", 0)
     table = b.op("Max", b.op("Min", b.to_int64("block_table"), b.op("Sub", blocks, b.ints(1))), b.ints(0))
@@ -169,6 +169,67 @@ def _only_valid(b: Body, gathered: str, valid: str) -> str:
     """Gathered rows (rows, N2, Lp, .) with 0 at the candidate positions a row does not read: those hold clamped
     stand-in rows, whose NaN or inf would otherwise reach a product through a 0 weight (0 * inf is NaN)."""
     return b.where(b.unsqueeze(valid, 3), gathered, b.f32(0.0))
+
+
+def _finite_only(b: Body, x: str) -> str:
+    """``x`` with 0 in place of every infinity or NaN (``x - x == 0`` holds exactly for the finite values)."""
+    return b.where(b.op("Equal", b.op("Sub", x, x), b.f32(0.0)), x, b.f32(0.0))
+
+
+def _non_finite_terms(b: Body, weights: str, right: str, valid: str, flat: str, finite_sum: str) -> str:
+    """``finite_sum`` (T2*N2, W) plus the terms ``weights[r, n2, g, p] * right[r, n2, g, :]`` (read positions p only)
+    in which a factor is infinite or NaN, as IEEE arithmetic adds them: NaN if one is NaN (0 * inf included) or
+    infinities of both signs meet, else the infinity. Only the query rows holding such a value are classified
+    (Compress: none in the usual case); per (row, position) the products over g are counted by kind with one MatMul
+    of 0/1 indicators, and a key is flagged by a max-scatter (flags only go up, so repeated keys need no order)."""
+    def kinds(x: str) -> dict[str, str]:
+        zero = b.f32(0.0)
+        inf = b.op("IsInf", x)
+        return {"pos": b.op("Greater", x, zero), "neg": b.op("Less", x, zero), "zero": b.op("Equal", x, zero),
+                "nan": b.op("IsNaN", x), "inf": inf, "pos_inf": b.op("IsInf", x, detect_negative=0),
+                "neg_inf": b.op("IsInf", x, detect_positive=0)}
+
+    def has(flags: str) -> str:                                                        # (rows, ...) -> (rows,)
+        return b.op("Greater", b.op("ReduceMax", b.to_float(flags), b.ints(1, 2, 3), keepdims=0), b.f32(0.5))
+
+    def fin(flag: str) -> str:
+        return b.to_float(flag)
+
+    bad_row = b.op("Or", has(b.op("Not", b.op("Equal", b.op("Sub", weights, weights), b.f32(0.0)))),
+                   has(b.op("Not", b.op("Equal", b.op("Sub", right, right), b.f32(0.0)))))
+    w = kinds(b.op("Transpose", b.op("Compress", weights, bad_row, axis=0), perm=[0, 1, 3, 2]))   # (R', N2, Lp, G)
+    v = kinds(b.op("Compress", right, bad_row, axis=0))                                          # (R', N2, G, W)
+    w_pos_finite = b.op("And", w["pos"], b.op("Not", w["inf"]))
+    w_neg_finite = b.op("And", w["neg"], b.op("Not", w["inf"]))
+    nothing = b.op("Sub", fin(v["zero"]), fin(v["zero"]))
+    one = b.op("Add", nothing, b.f32(1.0))
+    v_inf = fin(v["inf"])
+    # kind of w * v:       (+inf, -inf, NaN) per row of the stacked right-hand side
+    table = [(w["pos_inf"], (fin(v["pos"]), fin(v["neg"]), fin(v["zero"]))),
+             (w["neg_inf"], (fin(v["neg"]), fin(v["pos"]), fin(v["zero"]))),
+             (w_pos_finite, (fin(v["pos_inf"]), fin(v["neg_inf"]), nothing)),
+             (w_neg_finite, (fin(v["neg_inf"]), fin(v["pos_inf"]), nothing)),
+             (w["zero"], (nothing, nothing, v_inf)),
+             (w["nan"], (nothing, nothing, one)),
+             (b.op("Not", w["nan"]), (nothing, nothing, fin(v["nan"])))]   # any w with a NaN v (w NaN counted above)
+    left = b.concat(*(fin(flag) for flag, _ in table), axis=3)                                   # (R', N2, Lp, 7G)
+    right_kinds = b.concat(*(b.concat(*row, axis=3) for _, row in table), axis=2)                # (R', N2, 7G, 3W)
+    counts = b.op("MatMul", left, right_kinds)                                                   # (R', N2, Lp, 3W)
+    read = b.unsqueeze(b.op("Compress", valid, bad_row, axis=0), 3)
+    flags = b.op("And", b.op("Greater", counts, b.f32(0.5)), read)
+    keys = b.dim(finite_sum, 0)                                   # T2*N2; one spare row takes the unflagged entries
+    width = b.dim(counts, -1)
+    target = b.where(flags, b.op("Expand", b.unsqueeze(b.op("Compress", flat, bad_row, axis=0), 3), b.op("Shape", flags)),
+                     keys)
+    zeros = b.op("ConstantOfShape", b.concat(b.op("Add", keys, b.ints(1)), width),
+                 value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
+    per_key = b.op("ScatterElements", zeros, b.reshape(target, -1, width), b.reshape(fin(flags), -1, width), axis=0,
+                   reduction="max")
+    per_key = b.op("Greater", b.reshape(b.slice(per_key, b.ints(0), keys, 0), keys, 3, -1), b.f32(0.5))
+    pos, neg, nan = (b.op("Squeeze", b.slice(per_key, b.ints(i), b.ints(i + 1), 1), b.ints(1)) for i in range(3))
+    nan = b.op("Or", nan, b.op("And", pos, neg))
+    term = b.where(nan, b.f32(np.nan), b.where(pos, b.f32(np.inf), b.f32(-np.inf)))
+    return b.where(b.op("Or", nan, b.op("Or", pos, neg)), b.op("Add", finite_sum, term), finite_sum)
 
 
 def _common(b: Body, spec: LoweringSpec, layout: str, is_grad: bool, kv: dict[str, str] = _DENSE_KV):
@@ -274,14 +335,19 @@ def sfa_grad(b: Body, spec: LoweringSpec) -> None:
     zeros = b.op("ConstantOfShape", dense_shape, value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
 
     def accumulate(weights: str, right: str) -> str:
-        """sum over query rows r and heads g of weights[r, n2, g, j] * right[r, n2, g, :] -> key layout (T2, N2, .)."""
-        dense = b.op("ScatterElements", zeros, columns, weights, axis=3)               # (rows, N2, G, C)
+        """sum over query rows r and heads g of weights[r, n2, g, j] * right[r, n2, g, :] -> key layout (T2, N2, .).
+
+        The dense product meets every key a row does not read with weight 0, so it runs on the finite values only
+        and the terms with an infinity or NaN are added per key afterwards (``_non_finite_terms``)."""
+        finite_weights, finite_right = _finite_only(b, weights), _finite_only(b, right)
+        dense = b.op("ScatterElements", zeros, columns, finite_weights, axis=3)        # (rows, N2, G, C)
         dense = b.reshape(dense, segments, seg_rows, kv_heads, group, b.dim(dense, -1))
         dense = b.reshape(b.op("Transpose", dense, perm=[0, 2, 4, 1, 3]), segments, kv_heads, b.dim(dense, -1), -1)
-        lhs = b.reshape(right, segments, seg_rows, kv_heads, group, b.dim(right, -1))
+        lhs = b.reshape(finite_right, segments, seg_rows, kv_heads, group, b.dim(right, -1))
         lhs = b.reshape(b.op("Transpose", lhs, perm=[0, 2, 1, 3, 4]), segments, kv_heads, -1, b.dim(right, -1))
         summed = b.slice(b.op("MatMul", dense, lhs), b.ints(0), seg_keys, 2)             # (segments, N2, keys, .)
-        return b.reshape(b.op("Transpose", summed, perm=[0, 2, 1, 3]), -1, b.dim(right, -1))  # (T2*N2, .)
+        finite_sum = b.reshape(b.op("Transpose", summed, perm=[0, 2, 1, 3]), -1, b.dim(right, -1))  # (T2*N2, .)
+        return _non_finite_terms(b, weights, right, valid, flat, finite_sum)
 
     d_key_all = b.op("Mul", scale, accumulate(d_s, queries))
     d_value_all = accumulate(b.round_trip(probs, "query"), grad_out)
