@@ -7,8 +7,8 @@ are batched MatMuls; masked scores are -inf and masked probabilities 0; the grad
 and value contributions by a scatter with distinct targets into a dense per-segment weight matrix
 and one MatMul (never a scatter-add, whose ONNX Runtime CPU kernel races on duplicate targets). Intermediate
 roundings are ``CastLike(input dtype)`` + ``Cast(float)``. Bodies are specialised on the
-layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist. A paged cache is first
-gathered into the dense keys it stands for (``paging``), then the same body runs.
+layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist. A paged cache runs the same
+body, its candidates read through the block table (``paging``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class _Rows:
         self.kv = kv
         one = b.ints(1)
         if layout == "BSND":
-            s1_size, s2_size = b.dim("query", 1), b.dim(kv["key"], 1)
+            s1_size, s2_size = b.dim("query", 1), kv.get("seq_kv") or b.dim(kv["key"], 1)
             rows_total = b.op("Mul", b.dim("query", 0), s1_size)
             self.kv_total = b.op("Mul", b.dim("query", 0), s2_size)
             rows = b.op("Range", b.const(0), b.scalar(rows_total), b.const(1))
@@ -44,8 +44,9 @@ class _Rows:
             self.s1_len, self.s2_len = length("actual_seq_lengths_query", s1_size), length("actual_seq_lengths_kv", s2_size)
             self.kv_start = b.op("Mul", batch, s2_size)
             self.active = b.op("Less", self.s1, self.s1_len)
+            self.batch, self.max_keys = batch, s2_size
         else:
-            rows_total, self.kv_total = b.dim("query", 0), b.dim(kv["key"], 0)
+            rows_total, self.kv_total = b.dim("query", 0), kv.get("seq_kv") or b.dim(kv["key"], 0)
             rows = b.op("Range", b.const(0), b.scalar(rows_total), b.const(1))
             aq, akv = b.to_int64("actual_seq_lengths_query"), b.to_int64(kv["actual_seq_lengths_kv"])
             batches = b.dim(aq, 0)
@@ -60,6 +61,7 @@ class _Rows:
             self.s1 = b.op("Sub", rows, q_start)
             self.s1_len = b.op("Sub", b.op("Gather", aq, last), q_start)
             self.s2_len = b.op("Sub", b.op("Gather", akv, last), self.kv_start)
+            self.batch, self.max_keys = last, self.kv_total
         self.rows_total = rows_total
         mode = spec.attr("sparse_mode")
         self.threshold = self.s2_len if mode == 0 else b.op(
@@ -73,7 +75,7 @@ class _Rows:
         block = b.attr_int("sparse_block_size")
         block1 = b.unsqueeze(block, 0)
         # only entries below ceil(max_keys / bs) and offsets below max_keys can be visible (candidate_grid)
-        max_keys = b.dim(self.kv["key"], 1) if self.layout == "BSND" else b.dim(self.kv["key"], 0)
+        max_keys = self.max_keys
         topk = b.op("Min", b.dim(entries, 2), b.op("Add", b.op("Div", b.op("Sub", max_keys, b.ints(1)), block1),
                                                    b.ints(1)))
         entries = b.slice(entries, b.ints(0), topk, 2)
@@ -99,10 +101,24 @@ class _Rows:
         valid = b.reshape(valid, self.rows_total, heads, span)
         key_rows = b.op("Add", b.unsqueeze(self.kv_start, 1, 2), positions)
         key_rows = b.op("Max", b.op("Min", key_rows, b.op("Sub", self.kv_total, b.ints(1))), b.ints(0))
-        flat = b.op("Add", b.op("Mul", key_rows, heads),
+        home = self._cache_rows(positions) if "seq_kv" in self.kv else key_rows
+        flat = b.op("Add", b.op("Mul", home, heads),
                     b.unsqueeze(b.op("Range", b.const(0), b.scalar(heads), b.const(1)), 0, 2))
         self.key_rows = key_rows
         return flat, valid, span, key_rows
+
+    def _cache_rows(self, positions: str) -> str:
+        """Paged cache (``paging.PagedKeys`` written with Gather): the cache row of each candidate, key j of the row's
+        batch b at ``block_table[b, j // page] * page + j % page``; positions a row does not read are clamped into
+        the table (they stand for keys no selection reads). Work follows the candidates, not max_blocks * page."""
+        b = self.b
+        page, columns = b.dim("key", 1), b.dim("block_table", 1)
+        table = b.op("Max", b.op("Min", b.to_int64("block_table"), b.op("Sub", b.dim("key", 0), b.ints(1))),
+                     b.ints(0))
+        j = b.op("Max", b.op("Min", positions, b.op("Sub", b.op("Mul", columns, page), b.ints(1))), b.ints(0))
+        column = b.op("Add", b.op("Mul", b.unsqueeze(self.batch, 1, 2), columns), b.op("Div", j, page))
+        pages = b.op("Gather", b.reshape(table, -1), column, axis=0)                      # (rows, N2, Lp)
+        return b.op("Add", b.op("Mul", pages, page), b.op("Mod", j, page))
 
     def segments(self) -> tuple[str, str, str]:
         """(segments, query rows per segment, keys per segment): BSND one segment per batch (a row only
@@ -125,32 +141,15 @@ _DENSE_KV = {"key": "key", "value": "value", "key_rope": "key_rope", "actual_seq
 
 
 def _paged_kv(b: Body, spec: LoweringSpec, layout: str) -> dict[str, str]:
-    """The dense key/value/key_rope a paged cache stands for, and the kv lengths of that dense problem
-    (``paging.PagedKeys`` written with Gather): logical key j of batch b is cache row
-    ``block_table[b, j // page] * page + j % page``."""
-    page, blocks = b.dim("key", 1), b.dim("key", 0)
-    table = b.op("Max", b.op("Min", b.to_int64("block_table"), b.op("Sub", blocks, b.ints(1))), b.ints(0))
-    akv = b.to_int64("actual_seq_lengths_kv")
+    """The dense problem a paged cache stands for: its kv lengths (per batch for BSND, cumulative for TND) and its
+    keys per batch (``seq_kv``: BSND max_blocks * page, TND the lengths' sum). key/value/key_rope stay the caches:
+    ``_Rows`` reads each candidate through the block table (``_cache_rows``)."""
     if layout == "BSND":
-        keys = b.op("Mul", b.dim("block_table", 1), page)
-        j = b.op("Range", b.const(0), b.scalar(keys), b.const(1))
-        pages = b.op("Gather", table, b.op("Div", j, page), axis=1)                     # (B, max_blocks * page)
-        lengths = "actual_seq_lengths_kv"
+        lengths, seq_kv = "actual_seq_lengths_kv", b.op("Mul", b.dim("block_table", 1), b.dim("key", 1))
     else:
-        ends = b.op("CumSum", akv, b.const(0))
-        t = b.op("Range", b.const(0), b.scalar(b.sum(akv, 0, keepdims=1)), b.const(1))
-        batch = b.sum(b.to_int64(b.op("LessOrEqual", b.unsqueeze(ends, 0), b.unsqueeze(t, 1))), 1)   # (T2,)
-        j = b.op("Sub", t, b.op("Sub", b.op("Gather", ends, batch), b.op("Gather", akv, batch)))
-        column = b.op("Add", b.op("Mul", batch, b.dim("block_table", 1)), b.op("Div", j, page))
-        pages = b.op("Gather", b.reshape(table, -1), column, axis=0)                       # (T2,)
-        lengths = ends
-    rows = b.op("Add", b.op("Mul", pages, page), b.op("Mod", j, page))
-    kv = {"actual_seq_lengths_kv": lengths}
-    for name in ("key", "value", "key_rope"):
-        if name in ("key", "value") or spec.has(name):
-            flat = b.reshape(name, -1, b.dim(name, 2), b.dim(name, 3))
-            kv[name] = b.op("Gather", flat, rows, axis=0)
-    return kv
+        akv = b.to_int64("actual_seq_lengths_kv")
+        lengths, seq_kv = b.op("CumSum", akv, b.const(0)), b.sum(akv, 0, keepdims=1)
+    return dict(_DENSE_KV, actual_seq_lengths_kv=lengths, seq_kv=seq_kv)
 
 
 def _table(b: Body, spec: LoweringSpec, names: tuple[str, ...], kv: dict[str, str] = _DENSE_KV) -> str:
