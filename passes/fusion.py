@@ -100,7 +100,7 @@ class _Fusion:
         self.orphans: list[Value] = []
         self.outputs = {id(v) for v in graph.outputs}
         self.bodies: dict[str, tuple[tuple | None, str]] = {}
-        for node in graph.topological_order():
+        for node in graph.nodes:
             if node.domain == CANN_DOMAIN:
                 self.bodies.setdefault(node.op_type, (_body_key(node), node.name))
         self.seen_misses: set[tuple[str, str, str]] = set()

@@ -372,9 +372,37 @@ def overhead_measurements(quick: bool) -> list[Measurement]:
                         "geir onnxruntime": (("bare ONNX Runtime session.run", 2.0),)}, **spec.attributes())]
 
 
+def rope_graph(count: int) -> geir.Graph:
+    """``count`` Llama ropes (``x * cos + cat(-x2, x1) * sin``: 7 standard nodes each) over shared tables."""
+    b = geir.GraphBuilder(f"{count}_ropes")
+    cos, sin = b.input("cos", "float32", (1, 4, 1, 8)), b.input("sin", "float32", (1, 4, 1, 8))
+    for i in range(count):
+        x = b.input(f"x{i}", "float32", (1, 4, 2, 8))
+        bounds = [b.constant(f"b{i}_{j}", np.array([v], np.int64)) for j, v in enumerate((0, 4, 8, -1, 1))]
+        first = b.op("Slice", x, bounds[0], bounds[1], bounds[3], bounds[4])
+        second = b.op("Slice", x, bounds[1], bounds[2], bounds[3], bounds[4])
+        rotated = b.op("Concat", b.op("Neg", second), first, axis=-1)
+        b.output(b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin)), f"y{i}")
+    return b.build()
+
+
+def fuse_measurements(quick: bool) -> list[Measurement]:
+    """``geir.fuse`` on 10, 100 and 1,000 ropes (issue 23): a pass linear in the graph's size keeps the time per node
+    of the 10-rope graph (target: at most 2x it)."""
+    counts = (10, 100) if quick else (10, 100, 1000)
+    case, rows = "ropes of 7 standard nodes, [1, 4, 2, 8] float32", []
+    for count in counts:
+        graph = rope_graph(count)
+        name = f"{count} ropes ({len(graph.nodes)} nodes)"
+        rows.append(Measurement("geir.fuse", case, name, lambda graph=graph: geir.fuse(graph), 1e9 * len(graph.nodes),
+                                "nodes/s", baseline=count == counts[0],
+                                targets=() if count == counts[0] else ((rows[0].name, 2.0),)))
+    return rows
+
+
 SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements, "sfa-cann": sfa_cann_measurements,
-    "overhead": overhead_measurements}
+    "overhead": overhead_measurements, "fuse": fuse_measurements}
 
 
 def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None, plot: str | None = None) -> str:

@@ -43,20 +43,18 @@ def _unpermute(view: GraphView, reduce):
     summed = reduce.inputs[0]
     tokens, topk, hidden = summed.type.shape
     mul = view.producer(summed, "Mul")
-    probs, extra = None, []
-    rows = summed
-    if mul is not None:
-        for i in (0, 1):
-            found = _weights(view, mul.inputs[1 - i], tokens, topk)
-            if found is not None:
-                probs, shaper = found
-                rows, extra = mul.inputs[i], [mul, shaper]
-                break
-        else:
+    candidates = [(None, [], summed)]
+    if mul is not None:             # either factor may be the probs (both may look so when T, K and H are 1)
+        candidates = [(found[0], [mul, found[1]], mul.inputs[i]) for i in (0, 1)
+                      if (found := _weights(view, mul.inputs[1 - i], tokens, topk)) is not None]
+        if not candidates:
             return NearMiss("the summed product is not gathered rows times probs shaped (T, K, 1)")
-    reshape = view.producer(rows, "Reshape")
-    source = reshape.inputs[0] if reshape is not None else None
-    gather, scatter = view.producer(source, "Gather"), view.producer(source, "ScatterND")
+    for probs, extra, rows in candidates:
+        reshape = view.producer(rows, "Reshape")
+        source = reshape.inputs[0] if reshape is not None else None
+        gather, scatter = view.producer(source, "Gather"), view.producer(source, "ScatterND")
+        if gather is not None or scatter is not None:
+            break
     transforms: dict[int, Callable[[Any, Any, str], Any]] = {}
     if scatter is not None:          # rows written to their slots: a gather by the inverse permutation
         found = _scattered_rows(view, scatter)
