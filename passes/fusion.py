@@ -11,6 +11,8 @@ What every match must satisfy is checked here, in one place, whatever the patter
   the match into a near miss with the rule's message) and gives the type of the value it replaces;
 - a narrowing integer cast saturates (``Match.casts``): a fed int64 index out of int32's range stays out of
   range, never wraps into it;
+- the op's run-time data rules pass on its inputs that are constants (a constant index table it would refuse on
+  every run is a near miss now);
 - the graph still exports: a model holds one ONNX function body per op (``ir/_onnx_export``), so a match whose
   op would need another body than the op's nodes already in the graph (other optional inputs present, other
   layout) is a near miss that says so.
@@ -28,7 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ir._core import CANN_DOMAIN, Graph, Node, Value
-from ..ir._errors import GraphError
+from ..ir._errors import ExecutionError, GraphError
+from ..schemas import DataContext
 from ..schemas.lowering import LOWERINGS
 from ..schemas.patterns import GraphView, Match, NearMiss, Pattern, patterns
 
@@ -176,6 +179,7 @@ class _Fusion:
         if owner and key != body:
             raise GraphError(f"the graph could no longer be exported: {match.op} '{owner}' already has an ONNX "
                              f"function body of another form (optional inputs, layout), and a model holds one per op")
+        self.check_constant_data(new.producer)
         if match.finish is not None:
             new = match.finish(builder, new, inputs, f"{name}_finish")
         old = match.replaces
@@ -183,6 +187,25 @@ class _Fusion:
             raise GraphError(f"{match.op} would give {new.type} where the subgraph gives {old.type}")
         self.bodies.setdefault(match.op, (key, name))
         return new
+
+    def check_constant_data(self, node: Node) -> None:
+        """Run the op's run-time data rules (``..-D#``) now when every value they read is a constant: a match the
+        op would refuse on every run is a near miss (GraphError), whatever the pattern checked itself."""
+        schema = node.schema
+        if schema.validate is None:
+            return
+        arrays: list[np.ndarray | None] = []
+        for spec, value in zip(schema.inputs, node.inputs):
+            array = None if value is None or value.producer is not None else self.graph.constants.get(value.name)
+            if value is not None and array is None:
+                if spec.name in schema.validated_inputs or not value.type.is_static:
+                    return                                 # known only when the graph runs: checked then
+                array = np.broadcast_to(np.zeros((), value.type.dtype.numpy), tuple(value.type.shape))
+            arrays.append(array)
+        try:
+            schema.validate(DataContext(schema, node.name, arrays, node.attributes, location=node.location))
+        except ExecutionError as exc:
+            raise GraphError(f"its run-time data rules refuse the constant inputs: {exc}") from None
 
     def unlink_dead(self, start: Node | None) -> None:
         """Unlink ``start`` and, transitively, the producers only it used, when no node or graph output reads

@@ -213,3 +213,30 @@ def test_fusion_work_is_linear_in_the_graph_size(monkeypatch):
         fused, report = geir.fuse(graph)
         assert len(report.fused) == ropes and len(fused.nodes) == ropes
         assert calls["order"] <= 8, (ropes, calls)          # copy, sweeps, builds: a constant, not per match
+
+
+def test_the_pass_runs_the_ops_data_rules_on_constant_inputs(monkeypatch):
+    """Whatever a pattern checked: a match whose op refuses its constant inputs on every run is a near miss."""
+    from geir.schemas import patterns
+
+    def careless(view, reduce):            # the MoE match, with indices no permutation, unchecked
+        gather = reduce.inputs[0].producer.inputs[0].producer
+        return patterns.Match("MoeTokenUnpermute", [gather.inputs[0], gather.inputs[1], None], {},
+                              reduce.outputs[0], [reduce], constants={1: np.array([0, 0, 1, 2, 3, 4], np.int32),
+                                                                      2: np.ones((6, 1), np.float32)})
+    monkeypatch.setattr(patterns, "_PATTERNS", [patterns.Pattern("careless", "ReduceSum", careless)])
+    original = _moe(fed=True, dtype="int32", probs=False, topk=1, tokens=6)
+    fused, report = geir.fuse(original)
+    assert "MoeTokenUnpermute" not in [n.op_type for n in fused.nodes]
+    assert "[MU-D1]" in report.near_misses[0].reason and "data rules" in report.near_misses[0].reason
+
+
+def test_geir_bench_has_a_fusion_suite():
+    """Item 23's measurement: ``geir bench fuse`` times geir.fuse on 10, 100 (and 1,000) ropes, per node."""
+    from geir.tools.bench import SUITES
+
+    rows = SUITES["fuse"](True)
+    assert [r.name for r in rows] == ["10 ropes (70 nodes)", "100 ropes (700 nodes)"]
+    assert rows[0].baseline and rows[1].targets == (("10 ropes (70 nodes)", 2.0),)
+    fused, report = rows[0].fn()
+    assert len(report.fused) == 10 and [n.op_type for n in fused.nodes] == ["InplacePartialRotaryMul"] * 10
