@@ -200,7 +200,7 @@ class _Fusion:
             if value is not None and array is None:
                 if spec.name in schema.validated_inputs or not value.type.is_static:
                     return                                 # known only when the graph runs: checked then
-                array = np.broadcast_to(np.zeros((), value.type.dtype.numpy), tuple(value.type.shape))
+                array = np.broadcast_to(np.zeros((), value.type.dtype.numpy), tuple(int(d) for d in value.type.shape))
             arrays.append(array)
         try:
             schema.validate(DataContext(schema, node.name, arrays, node.attributes, location=node.location))

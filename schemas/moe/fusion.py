@@ -43,7 +43,7 @@ def _unpermute(view: GraphView, reduce):
     summed = reduce.inputs[0]
     tokens, topk, hidden = summed.type.shape
     mul = view.producer(summed, "Mul")
-    candidates = [(None, [], summed)]
+    candidates: list[tuple[Any, list[Any], Any]] = [(None, [], summed)]
     if mul is not None:             # either factor may be the probs (both may look so when T, K and H are 1)
         candidates = [(found[0], [mul, found[1]], mul.inputs[i]) for i in (0, 1)
                       if (found := _weights(view, mul.inputs[1 - i], tokens, topk)) is not None]
