@@ -49,8 +49,9 @@ __all__ = ["COMPILE_TIMEOUT_S", "find_compiler", "native_library", "native_statu
 NATIVE = Path(__file__).with_name("native")
 SOURCES = tuple(sorted(NATIVE.glob("*.c")))
 """Compiled together into the one library; the headers beside them take part in the cache key."""
-CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-Wall"]
-"""``-ffp-contract=off``: no FMA contraction, so results stay bit-identical to the NumPy runtime."""
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-Wall", "-Werror=vla"]
+"""``-ffp-contract=off``: no FMA contraction, so results stay bit-identical to the NumPy runtime. ``-Werror=vla``:
+no variable-length array, whose size the data would set, on a stack of fixed size (scratch is on the heap)."""
 COMPILE_TIMEOUT_S = 300.0
 """A compiler that runs longer than this is stopped and the function bodies are used."""
 MAX_LIBRARY_BYTES = 64 << 20

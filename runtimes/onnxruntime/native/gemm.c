@@ -127,7 +127,7 @@ void geir_gemm(int64_t m, int64_t n, int64_t k, const float* const* a_rows, int6
     for (int64_t i = 0; i < m; i++) memset(c_rows[i], 0, (size_t)n * sizeof(float));
     return;
   }
-  float *bp = work, *ap = work + GEIR_KC * n;
+  float *bp = work, *ap = work + geir_gemm_block_steps(k) * n;
   for (int64_t k0 = 0; k0 < k; k0 += GEIR_KC) {
     int64_t kc = k - k0 < GEIR_KC ? k - k0 : GEIR_KC;
     int add = accumulate || k0 > 0;
@@ -172,7 +172,7 @@ int geir_gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_ro
                    const int64_t* b_offsets, float* c, int64_t c_row, int accumulate) {
   if (m < 0 || n < 0 || k < 0 || n % GEIR_VEC) return -1;
   size_t pointers = (size_t)(2 * m + k + 1);
-  float* work = (float*)geir_scratch((size_t)geir_gemm_work_floats(n) * sizeof(float), 0);
+  float* work = (float*)geir_scratch((size_t)geir_gemm_work_floats(n, k) * sizeof(float), 0);
   void** rows = (void**)geir_scratch(pointers * sizeof(void*), 0);
   if (!work || !rows) {
     free(work);

@@ -60,7 +60,8 @@ static void point_rows(const float** rows, const float* base, int64_t n, int64_t
 /* Scores (n > 0 keys, rows of gp heads) -> P rounded to the input dtype, in place; m and total get each head's
  * max (with its sink) and sum of exponentials (with the sink's), in IEEE arithmetic as the spec's formula: an
  * infinite or NaN maximum gives NaN probabilities, as it does there. Rows are whole vectors: the padded heads
- * compute harmless values that no product reads. */
+ * compute harmless values that no product reads. Every buffer is the caller's heap scratch (none on the stack), so
+ * a head group of any size fits. */
 static void softmax_rows(const SfaPlan* p, float* st, int64_t n, const float* sinks, float* m, float* total) {
   int64_t g = p->g, gp = p->gp;
   vf scale = vf_splat(p->k->scale);
@@ -82,14 +83,13 @@ static void softmax_rows(const SfaPlan* p, float* st, int64_t n, const float* si
       vf_store(st + i * gp + h, e);
       vf_store(total + h, vf_load(total + h) + e);
     }
-  float divisor[gp];
-  for (int64_t h = 0; h < gp; h++) {
+  for (int64_t h = 0; h < gp; h++) { /* total is the divisor: n > 0 keys, so >= 1 unless the maximum is not finite */
     if (h < g && sinks) total[h] += vf_exp(vf_splat(sinks[h] - m[h]))[0];
-    divisor[h] = h < g ? total[h] : 1.0f; /* n > 0 keys: the sum is >= 1 unless the maximum is not finite */
+    if (h >= g) total[h] = 1.0f; /* a padded head divides by 1 */
   }
   for (int64_t i = 0; i < n; i++) /* P, rounded to the input dtype before P V */
     for (int64_t h = 0; h < gp; h += GEIR_VEC)
-      vf_store(st + i * gp + h, vf_round(p->type, vf_load(st + i * gp + h) / vf_load(divisor + h)));
+      vf_store(st + i * gp + h, vf_round(p->type, vf_load(st + i * gp + h) / vf_load(total + h)));
 }
 
 typedef struct {
@@ -103,7 +103,8 @@ static void forward_task(void* user, size_t task) {
   SfaPlan* p = job->s.p;
   int64_t g = p->g, gp = p->gp, L = p->max_selected > 0 ? p->max_selected : 1;
   int64_t pointers = L + p->dk + g;
-  int64_t work_floats = geir_gemm_work_floats(gp > p->d2p ? gp : p->d2p);
+  int64_t scores_work = geir_gemm_work_floats(gp, p->dk), out_work = geir_gemm_work_floats(p->d2p, L);
+  int64_t work_floats = scores_work > out_work ? scores_work : out_work; /* S^T = K Q^T, then O = P V */
   size_t floats = (size_t)(L * gp + p->dk * gp + g * p->dkp + g * p->d2p + 2 * gp + work_floats);
   float* scratch = (float*)geir_scratch(floats * sizeof(float) + (size_t)pointers * 3 * sizeof(void*), 0);
   if (!scratch) {
@@ -305,7 +306,9 @@ static void key_task(void* user, size_t task) {
   SfaPlan* p = job->s.p;
   int64_t n = p->max_selected, gp = p->gp, width = p->dk > p->d2 ? p->dk : p->d2;
   width = width > p->g ? width : p->g;
-  int64_t wide = p->dkp > p->d2p ? p->dkp : p->d2p, work_floats = geir_gemm_work_floats(wide > gp ? wide : gp);
+  int64_t work_floats = geir_gemm_work_floats(gp, p->dk > p->d2 ? p->dk : p->d2); /* S^T and dP^T */
+  int64_t key_side = geir_gemm_work_floats(p->dkp > p->d2p ? p->dkp : p->d2p, p->g); /* dK and dV */
+  if (key_side > work_floats) work_floats = key_side;
   KeyScratch w;
   float* scratch = (float*)geir_scratch((size_t)(4 * n * gp + work_floats) * sizeof(float) +
                                             (size_t)(2 * n + width) * sizeof(void*), 0);
@@ -338,7 +341,7 @@ static void query_task(void* user, size_t task) {
   GradJob* job = (GradJob*)user;
   SfaPlan* p = job->s.p;
   int64_t g = p->g, gp = p->gp, n_max = p->max_selected > 0 ? p->max_selected : 1;
-  int64_t work_floats = geir_gemm_work_floats(p->dkp);
+  int64_t work_floats = geir_gemm_work_floats(p->dkp, n_max);
   float* scratch = (float*)geir_scratch((size_t)(g * p->dkp + work_floats) * sizeof(float) +
                                             (size_t)(n_max + 2 * g) * sizeof(void*), 0);
   if (!scratch) {
@@ -372,6 +375,19 @@ static void query_task(void* user, size_t task) {
   free(scratch);
 }
 
+/* The first compact key whose key tensor row is >= f (flat_of_compact ascends), or distinct. */
+static int64_t first_compact_from(const SfaPlan* p, int64_t f) {
+  int64_t lo = 0, hi = p->distinct;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (p->flat_of_compact[mid] < f)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 /* d_key, d_key_rope, d_value of every key tensor row: the float32 sums rounded once; unselected rows 0. */
 static void key_output_task(void* user, size_t task) {
   GradJob* job = (GradJob*)user;
@@ -384,8 +400,9 @@ static void key_output_task(void* user, size_t task) {
   size_t es = elem_size(p->type);
   int64_t flat_rows = p->key_rows * p->n2, first = (int64_t)task * job->per_task, last = first + job->per_task;
   if (last > flat_rows) last = flat_rows;
+  int64_t next = first_compact_from(p, first); /* the selected rows of the range, walked in step */
   for (int64_t f = first; f < last; f++) {
-    int64_t c = p->compact_of_flat[f];
+    int64_t c = next < p->distinct && p->flat_of_compact[next] == f ? next++ : -1;
     char* dk = (char*)job->dk.data + (size_t)(f * p->d) * es;
     char* dkr = p->has_rope ? (char*)job->dkr.data + (size_t)(f * p->dr) * es : NULL;
     char* dv = p->has_value ? (char*)job->dv.data + (size_t)(f * p->d2) * es : NULL;

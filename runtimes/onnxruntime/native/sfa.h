@@ -1,6 +1,7 @@
 /* SparseFlashAttention and its gradient (spec 4.5-4.11): what the plan (sfa_plan.c) hands the compute
  * (sfa.c). The plan checks shapes and data (SA-D1, SF-D2, SA-D3, PA-D1), lists the keys every
- * (query row, KV head) pair selects, and widens each key row that any pair selects to float32 once. */
+ * (query row, KV head) pair selects, and widens each key row that any pair selects to float32 once. Its memory
+ * and work follow the keys selected, not the size of the key tensor (a paged cache may be far larger). */
 #ifndef GEIR_SFA_H
 #define GEIR_SFA_H
 #include "gemm.h"
@@ -28,12 +29,11 @@ typedef struct {
   /* selected keys: entries [start[p], start[p + 1]) of pair p = row * n2 + head, as compact key indices */
   int64_t pairs, entries, max_selected;
   int64_t* start;
-  int32_t* entry_key;
+  int64_t* entry_key;
   /* the selected key rows (row * n2 + head of the key tensor), widened: kw rows [key | key_rope | 0]
    * of width dkp, vw rows [value | 0] of width d2p (vw == kw when value is absent: KV merge) */
   int64_t distinct, dkp, d2p, gp;
-  int32_t* flat_of_compact; /* distinct entries: the key tensor row (row * n2 + head) each compact row is */
-  int32_t* compact_of_flat; /* key_rows * n2 entries: the compact row of a key tensor row, or -1 */
+  int64_t* flat_of_compact; /* distinct entries, ascending: the key tensor row (row * n2 + head) of each compact row */
   float *kw, *vw;
   int64_t vw_ld;
 } SfaPlan;

@@ -36,6 +36,12 @@ CASES = {
     "bsnd_bf16_block_size_int64_max": SfaCase(B=1, S1=4, S2=8, N1=2, D=8, D2=8, K=2, bs=2 ** 63 - 1, dtype="bfloat16",
                                               seed=10),
     "bsnd_f16_long_rows": SfaCase(B=1, S1=16, S2=512, N1=8, D=320, D2=264, Dr=16, K=300, mode=0, full=True, seed=6),
+    # key tensors far larger than the keys read (> 2^16 rows): the plan sorts the entries instead of mapping every
+    # key row (its memory follows the keys read); two radix passes, and the grad's outputs walk the sorted rows
+    "bsnd_bf16_long_kv_read_sparsely": SfaCase(B=2, S1=4, S2=40000, N1=4, N2=2, D=8, D2=8, K=4, bs=2, mode=0,
+                                               full=True, dtype="bfloat16", seed=11),
+    "tnd_f16_long_kv_read_sparsely": SfaCase(layout="TND", N1=2, D=8, D2=4, Dr=4, K=3, bs=4, tnd_q=[3, 7],
+                                             tnd_kv=[30000, 70000], full=True, seed=12),
 }
 FORWARD_ONLY = {
     "bsnd_f16_sinks_lengths": SfaCase(B=3, S1=6, S2=12, N1=6, N2=3, D=16, D2=8, K=4, bs=2, sinks=True, lengths=True,
@@ -100,14 +106,16 @@ def test_native_grad_agrees_with_numpy(name):
     _assert_agrees(_native_run(graph, feeds), geir.run(graph, feeds), case.dtype)
 
 
+@pytest.mark.parametrize("spare_pages", [3, 5000])
 @pytest.mark.parametrize("layout, dtype", [("BSND", "float16"), ("TND", "bfloat16")])
-def test_native_paged_forward_agrees_with_the_dense_forward(layout, dtype):
-    """Paged KV (spec 4.11): the native kernel on the paged cache equals the NumPy runtime on the dense keys."""
+def test_native_paged_forward_agrees_with_the_dense_forward(layout, dtype, spare_pages):
+    """Paged KV (spec 4.11): the native kernel on the paged cache equals the NumPy runtime on the dense keys, also
+    when the cache holds far more pages than the call reads (5000 spare: the plan sorts the keys it reads)."""
     case = SfaCase(layout=layout, B=2, S1=5, S2=40, N1=4, D=16, D2=16, Dr=8, K=5, bs=2, dtype=dtype, seed=9,
                    tnd_q=[4, 9], tnd_kv=[19, 40])
     arrays = case.arrays()
     dense, dense_feeds = _forward(case, arrays)
-    paged = paged_arrays(arrays, layout, 16, np.random.default_rng(3))
+    paged = paged_arrays(arrays, layout, 16, np.random.default_rng(3), spare_pages=spare_pages)
     attrs = dict(case.forward_attrs(), layout_kv="PA_BSND", return_softmax_lse=False)
     graph, feeds = sfa_graph(paged, SFA, **attrs)
     got = _native_run(graph, feeds)

@@ -83,11 +83,12 @@ def _assert_failed_allocation_raises(graph, feeds, name: str, fail_at: int) -> N
         assert np.array_equal(again[key].view(np.uint8), want[key].view(np.uint8)), key
 
 
-SFA_ALLOCATIONS = {"forward": (0, 3, 6, 8, 9), "grad": (0, 8, 9, 12, 15, 16, 17)}
+SFA_ALLOCATIONS = {"forward": (0, 3, 5, 6, 8, 9), "grad": (0, 5, 8, 9, 12, 15, 16, 17), "forward_long_kv": (5, 6, 7)}
 """Scratch allocations of the attention kernels, in order: row metadata, block starts, the ids-seen stamps,
-the entries, a row's positions, the key map both ways, the widened keys and values (0-8); then the forward's
-task scratch (9); the grad's dK/dV sums (9, 10), key split (11-14), query-side data and dS (15, 16) and its
-tasks' scratch (17 on)."""
+the entries, a row's positions (0-4); the key map indexed by key row and the distinct rows (5, 6), or for a key
+tensor far larger than the keys read (``_long_kv``) the sort's order and counts and the distinct rows (5-7); the
+widened keys and values (7, 8 / 8, 9); then the forward's task scratch (9 / 10); the grad's dK/dV sums (9, 10 /
+10, 11), key split, query-side data and dS and its tasks' scratch."""
 
 
 @requires_compiler
@@ -95,11 +96,11 @@ tasks' scratch (17 on)."""
 def test_failed_attention_allocation_is_an_error_not_zeros(op, fail_at):
     from geir.schemas.sparse_attention.examples import SfaCase
     from helpers import SFA, SFA_GRAD, sfa_graph
-    case = SfaCase(B=1, S1=4, S2=8, N1=2, D=8, D2=8, K=3, mode=0, seed=1)
+    case = SfaCase(B=1, S1=4, S2=70000 if op.endswith("_long_kv") else 8, N1=2, D=8, D2=8, K=3, mode=0, seed=1)
     arrays = case.arrays()
     graph, feeds = sfa_graph(arrays, SFA, **case.forward_attrs())
     name = SFA
-    if op == "grad":
+    if op.startswith("grad"):
         out = geir.run(graph, feeds)
         grad = {"query": arrays["query"], "key": arrays["key"], "sparse_indices": arrays["sparse_indices"],
                 "d_out": arrays["query"], "out": out["attention_out"], "softmax_max": out["softmax_max"],
