@@ -51,6 +51,8 @@ class VjpContext:
         """ids of the forward values that depend on the inputs differentiated (set by ``differentiate``)."""
         self.state: dict[int, Any] = {}
         """Per forward node, what its rewrite left for its rule (attention: the statistics it now returns)."""
+        self.memo: dict[str, Any] = {}
+        """Facts about the forward graph a rule family computes once per derivative (the MoE nodes' form)."""
 
     # -- values ------------------------------------------------------------------------------------
     accounted = ACCOUNTED
