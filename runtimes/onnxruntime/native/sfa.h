@@ -43,6 +43,8 @@ GEIR_INTERNAL OrtStatus* sfa_read_attributes(const OrtKernelInfo* info, int grad
  * gives D2 under KV merge) and the data, selects the keys and widens them; on error it frees the plan. */
 GEIR_INTERNAL OrtStatus* sfa_plan_inputs(OrtKernelContext* ctx, const SfaKernel* k, SfaPlan* plan);
 GEIR_INTERNAL OrtStatus* sfa_plan(OrtKernelContext* ctx, SfaPlan* plan, const Tensor* d_out);
+/* sfa_keys.c: number the distinct keys of the entries (in ascending key tensor row) and widen them. */
+GEIR_INTERNAL OrtStatus* sfa_widen_keys(OrtKernelContext* ctx, SfaPlan* plan);
 GEIR_INTERNAL int64_t sfa_cpu_count(void);
 GEIR_INTERNAL void sfa_plan_free(SfaPlan* plan);
 /* Run fn(user, i) for i < tasks on ONNX Runtime's thread pool (inline for one task). */
