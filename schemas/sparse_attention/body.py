@@ -5,7 +5,9 @@ Query rows are flattened (BSND ``b*S1 + s1``, TND ``t``); every row gathers a pa
 index below ``n_valid``, no -1 before it, position below the threshold), so all products
 are batched MatMuls; masked scores are -inf and masked probabilities 0; the grad sums key
 and value contributions by a scatter with distinct targets into a dense per-segment weight matrix
-and one MatMul (never a scatter-add, whose ONNX Runtime CPU kernel races on duplicate targets). Intermediate
+and one MatMul (never a scatter-add, whose ONNX Runtime CPU kernel races on duplicate targets), over the finite
+values only: the terms holding an infinity or NaN are added per key read (the dense product would meet them with the
+0 weight of every key a row does not read). Intermediate
 roundings are ``CastLike(input dtype)`` + ``Cast(float)``. Bodies are specialised on the
 layout, the sparse mode, ``return_softmax_lse`` and which optional inputs exist. A paged cache runs the same
 body, its candidates read through the block table (``paging``).
@@ -191,7 +193,7 @@ def _non_finite_terms(b: Body, weights: str, right: str, valid: str, flat: str, 
     def has(flags: str) -> str:                                                        # (rows, ...) -> (rows,)
         return b.op("Greater", b.op("ReduceMax", b.to_float(flags), b.ints(1, 2, 3), keepdims=0), b.f32(0.5))
 
-    def fin(flag: str) -> str:
+    def ones(flag: str) -> str:                                                        # 0/1 indicator
         return b.to_float(flag)
 
     bad_row = b.op("Or", has(b.op("Not", b.op("Equal", b.op("Sub", weights, weights), b.f32(0.0)))),
@@ -200,29 +202,29 @@ def _non_finite_terms(b: Body, weights: str, right: str, valid: str, flat: str, 
     v = kinds(b.op("Compress", right, bad_row, axis=0))                                          # (R', N2, G, W)
     w_pos_finite = b.op("And", w["pos"], b.op("Not", w["inf"]))
     w_neg_finite = b.op("And", w["neg"], b.op("Not", w["inf"]))
-    nothing = b.op("Sub", fin(v["zero"]), fin(v["zero"]))
+    nothing = b.op("Sub", ones(v["zero"]), ones(v["zero"]))
     one = b.op("Add", nothing, b.f32(1.0))
-    v_inf = fin(v["inf"])
+    v_inf = ones(v["inf"])
     # kind of w * v:       (+inf, -inf, NaN) per row of the stacked right-hand side
-    table = [(w["pos_inf"], (fin(v["pos"]), fin(v["neg"]), fin(v["zero"]))),
-             (w["neg_inf"], (fin(v["neg"]), fin(v["pos"]), fin(v["zero"]))),
-             (w_pos_finite, (fin(v["pos_inf"]), fin(v["neg_inf"]), nothing)),
-             (w_neg_finite, (fin(v["neg_inf"]), fin(v["pos_inf"]), nothing)),
+    table = [(w["pos_inf"], (ones(v["pos"]), ones(v["neg"]), ones(v["zero"]))),
+             (w["neg_inf"], (ones(v["neg"]), ones(v["pos"]), ones(v["zero"]))),
+             (w_pos_finite, (ones(v["pos_inf"]), ones(v["neg_inf"]), nothing)),
+             (w_neg_finite, (ones(v["neg_inf"]), ones(v["pos_inf"]), nothing)),
              (w["zero"], (nothing, nothing, v_inf)),
              (w["nan"], (nothing, nothing, one)),
-             (b.op("Not", w["nan"]), (nothing, nothing, fin(v["nan"])))]   # any w with a NaN v (w NaN counted above)
-    left = b.concat(*(fin(flag) for flag, _ in table), axis=3)                                   # (R', N2, Lp, 7G)
+             (b.op("Not", w["nan"]), (nothing, nothing, ones(v["nan"])))]   # any w with a NaN v (w NaN counted above)
+    left = b.concat(*(ones(flag) for flag, _ in table), axis=3)                                 # (R', N2, Lp, 7G)
     right_kinds = b.concat(*(b.concat(*row, axis=3) for _, row in table), axis=2)                # (R', N2, 7G, 3W)
     counts = b.op("MatMul", left, right_kinds)                                                   # (R', N2, Lp, 3W)
     read = b.unsqueeze(b.op("Compress", valid, bad_row, axis=0), 3)
     flags = b.op("And", b.op("Greater", counts, b.f32(0.5)), read)
     keys = b.dim(finite_sum, 0)                                   # T2*N2; one spare row takes the unflagged entries
     width = b.dim(counts, -1)
-    target = b.where(flags, b.op("Expand", b.unsqueeze(b.op("Compress", flat, bad_row, axis=0), 3), b.op("Shape", flags)),
-                     keys)
+    flagged_rows = b.op("Expand", b.unsqueeze(b.op("Compress", flat, bad_row, axis=0), 3), b.op("Shape", flags))
+    target = b.where(flags, flagged_rows, keys)
     zeros = b.op("ConstantOfShape", b.concat(b.op("Add", keys, b.ints(1)), width),
                  value=helper.make_tensor("", TensorProto.FLOAT, [1], [0]))
-    per_key = b.op("ScatterElements", zeros, b.reshape(target, -1, width), b.reshape(fin(flags), -1, width), axis=0,
+    per_key = b.op("ScatterElements", zeros, b.reshape(target, -1, width), b.reshape(ones(flags), -1, width), axis=0,
                    reduction="max")
     per_key = b.op("Greater", b.reshape(b.slice(per_key, b.ints(0), keys, 0), keys, 3, -1), b.f32(0.5))
     pos, neg, nan = (b.op("Squeeze", b.slice(per_key, b.ints(i), b.ints(i + 1), 1), b.ints(1)) for i in range(3))
