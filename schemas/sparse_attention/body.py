@@ -76,8 +76,10 @@ class _Rows:
         entries = b.reshape(b.to_int64("sparse_indices"), self.rows_total, heads, b.dim("sparse_indices", -1))
         block = b.attr_int("sparse_block_size")
         block1 = b.unsqueeze(block, 0)
-        # only entries below ceil(max_keys / bs) and offsets below max_keys can be visible (candidate_grid)
-        max_keys = self.max_keys
+        # only entries below ceil(max_keys / bs) and offsets below max_keys can be visible (candidate_grid); at least
+        # one candidate, as there: a paged cache whose lengths are all 0 has no key, and an empty key axis would make
+        # ReduceMax fail on older ONNX Runtimes (1.17)
+        max_keys = b.op("Max", self.max_keys, b.ints(1))
         topk = b.op("Min", b.dim(entries, 2), b.op("Add", b.op("Div", b.op("Sub", max_keys, b.ints(1)), block1),
                                                    b.ints(1)))
         entries = b.slice(entries, b.ints(0), topk, 2)

@@ -230,3 +230,24 @@ def test_the_function_body_reads_a_huge_block_table_by_the_keys_read_too():
     grown, shape = result.stdout.split(maxsplit=1)
     assert shape.strip() == "(1, 2, 2, 8)"
     assert int(grown) < 48, f"peak memory grew by {grown} MiB for a 1 MiB table with 2 keys read"
+
+
+def test_the_body_of_a_paged_cache_without_keys_never_reduces_over_an_empty_axis():
+    """A TND query over a paged cache whose kv lengths are all 0 has no key at all: the body's candidate axis was
+    empty, and ONNX Runtime 1.17 (the oldest supported) refuses a ReduceMax over it. The body keeps one (unread)
+    candidate, as the NumPy kernel's candidate_grid does. Checked with onnx's evaluator given 1.17's ReduceMax."""
+    import onnx.inliner
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.ops.op_reduce_max import ReduceMax_18
+
+    class ReduceMax(ReduceMax_18):
+        def _run(self, data: np.ndarray, axes: np.ndarray | None = None, keepdims: int = 1,
+                 noop_with_empty_axes: int = 0) -> tuple[np.ndarray]:
+            assert data.size, "ReduceMax over an empty axis (ONNX Runtime 1.17 fails there)"
+            return super()._run(data, axes, keepdims=keepdims, noop_with_empty_axes=noop_with_empty_axes)
+
+    graph, feeds = _one_page_read_through_a_huge_table("TND", 1)
+    feeds["actual_seq_lengths_kv"] = np.zeros(1, np.int32)
+    model = onnx.inliner.inline_local_functions(geir.to_onnx(graph))    # new_ops reach no function body otherwise
+    out = ReferenceEvaluator(model, new_ops=[ReduceMax]).run(["attention_out"], feeds)[0]
+    assert out.shape == (2, 2, 8) and not out.astype(np.float32).any()
