@@ -69,8 +69,9 @@ SHAPE = (2, 3, 2)
 def _tables(data, d):
     """(table shape, legal for the op): the broadcasts RP-S8 allows, and near ones (rank 3, a last dim of 1)."""
     b, s, n = SHAPE
-    table = data.draw(st.sampled_from([(1, s, 1, d), (b, s, n, d), (1, 1, 1, d), (b, 1, n, d), (s, 1, d),
-                                       (1, s, 1, 1)]), label="table")
+    table = data.draw(st.sampled_from([(1, s, 1, d), (b, s, n, d), (1, 1, 1, d), (b, 1, n, d)] * 2 + [(s, 1, d),
+                                                                                                    (1, s, 1, 1)]),
+                      label="table")
     return table, len(table) == 4 and table[-1] == d
 
 
@@ -90,7 +91,7 @@ def _mul(data, g, a, b, label):
 
 def _halves(data, g, x, d):
     """x[..., :cut], x[..., cut:] by Slice or Split; whether cut is the middle."""
-    cut = data.draw(st.sampled_from([d // 2] * 3 + [d // 2 - 1, d // 2 + 1]), label="cut")
+    cut = data.draw(st.sampled_from([d // 2] * 6 + [d // 2 - 1, d // 2 + 1]), label="cut")
     if data.draw(st.booleans(), label="split"):
         first, second = g.b.op("Split", x, g.ints([cut, d - cut]), axis=-1)
     else:
@@ -100,13 +101,13 @@ def _halves(data, g, x, d):
 
 def _pair(data, g, x):
     """x[..., 1::2], x[..., 0::2] (or swapped starts, a near variant); whether canonical."""
-    starts = data.draw(st.sampled_from([(1, 0)] * 3 + [(0, 1)]), label="starts")
+    starts = data.draw(st.sampled_from([(1, 0)] * 6 + [(0, 1)]), label="starts")
     return g.slice(x, starts[0], BIG, 2), g.slice(x, starts[1], BIG, 2), starts == (1, 0)
 
 
 def _stack(data, g, first, second, d):
     """Concat(Unsqueeze(first, a), Unsqueeze(second, a), -1) flattened to x's shape; whether a is the last axis."""
-    axis = data.draw(st.sampled_from([-1, 4, -1, 3, 0, -2]), label="unsqueeze axis")
+    axis = data.draw(st.sampled_from([-1, 4] * 2 + [3, -2, 0]), label="unsqueeze axis")
     parts = [g.b.op("Unsqueeze", v, g.ints([axis])) for v in (first, second)]
     target = data.draw(st.sampled_from([[*SHAPE, d], [0, 0, 0, -1]]), label="flatten target")
     return g.b.op("Reshape", g.b.op("Concat", *parts, axis=-1), g.ints(target)), axis in (-1, 4)
@@ -114,8 +115,8 @@ def _stack(data, g, first, second, d):
 
 def _negated(data, g, a, b, label):
     """(Neg(a), b) in the canonical order, or a near variant: Neg on b, or the Concat order swapped."""
-    where = data.draw(st.sampled_from(["a", "a", "b"]), label=f"{label} neg")
-    order = data.draw(st.sampled_from([True, True, False]), label=f"{label} order")
+    where = data.draw(st.sampled_from(["a"] * 5 + ["b"]), label=f"{label} neg")
+    order = data.draw(st.sampled_from([True] * 5 + [False]), label=f"{label} order")
     pieces = (g.b.op("Neg", a), b) if where == "a" else (a, g.b.op("Neg", b))
     return (pieces if order else pieces[::-1]), where == "a" and order
 
