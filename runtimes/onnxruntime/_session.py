@@ -157,8 +157,8 @@ class OnnxRuntimeExecutable:
 def _bind_inputs(binding: ort.IOBinding, arrays: Mapping[str, np.ndarray]) -> list[object]:
     """Bind every feed; return what must outlive the run (the arrays, or OrtValues for bfloat16)."""
     alive: list[object] = []
-    for name, array in arrays.items():
-        alive += _bind_array(binding, name, np.ascontiguousarray(array), output=False)
+    for name, array in arrays.items():   # not np.ascontiguousarray: it makes a 0-d array 1-d, a (1,) feed
+        alive += _bind_array(binding, name, np.require(array, requirements="C"), output=False)
     return alive
 
 
