@@ -46,7 +46,7 @@ def to_onnx(graph: Graph) -> ModelProto:
             attributes = [attribute_to_onnx(a.name, a.kind.value, node.attributes[a.name]) for a in schema.attributes]
         else:
             attributes = [helper.make_attribute(k, v) for k, v in node.attributes.items()]
-        proto = helper.make_node(node.op_type, [v.name if v is not None else "" for v in node.inputs],
+        proto = helper.make_node(node.op_type, _input_names(node),
                                  [v.name if v is not None else "" for v in node.outputs], name=node.name,
                                  domain=node.domain)
         proto.attribute.extend(attributes)
@@ -77,6 +77,16 @@ def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
     """Write ``to_onnx(graph)`` to ``path``. The model is exported and serialised first and the file replaced
     only when all of it is written, so a graph that cannot be exported (or a full disk) leaves ``path`` as it was."""
     write_file(path, to_onnx(graph).SerializeToString())
+
+
+def _input_names(node: Node) -> list[str]:
+    """The node's input names, "" for an absent optional input. A standard op's trailing absent inputs are left out
+    (both mean "absent" to ONNX, yet ONNX Runtime's Squeeze stops on a trailing "": "Axes input is null"); a call
+    of our ops' functions keeps them, as onnx.reference wants one name per formal input of a function."""
+    inputs = list(node.inputs)
+    while node.domain != CANN_DOMAIN and inputs and inputs[-1] is None:
+        inputs.pop()
+    return [v.name if v is not None else "" for v in inputs]
 
 
 def _lowering_spec(node: Node, schema):

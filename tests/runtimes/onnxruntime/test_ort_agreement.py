@@ -164,3 +164,37 @@ def test_results_share_no_memory_with_feeds_or_each_other(case):
         got = list(geir.run(graph, feeds, runtime=runtime).values())
         for i, result in enumerate(got):
             assert not any(np.may_share_memory(result, other) for other in arrays + got[:i]), (runtime, i)
+
+
+def _trailing_absent(op: str) -> geir.Graph:
+    b = geir.GraphBuilder(f"absent_{op.lower()}")
+    x = b.input("x", "float32", (1, 3, 1))
+    if op == "Squeeze":           # no axes: every dim of size 1
+        y = b.op("Squeeze", x)
+    elif op == "Slice":           # no axes, no steps
+        y = b.op("Slice", x, b.constant("starts", np.array([0, 1], np.int64)),
+                 b.constant("ends", np.array([1, 3], np.int64)))
+    elif op == "ReduceSum":       # no axes: all of them
+        y = b.op("ReduceSum", x)
+    elif op == "Clip":            # min absent, max present: the "" stays where a later input is present
+        y = b.op("Clip", x, None, b.constant("hi", np.array(1.0, np.float32)))
+    else:
+        y = b.op(op, x)
+    b.output(y, "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("op", ["Squeeze", "Slice", "ReduceSum", "Clip"])
+def test_absent_trailing_optional_inputs_run_everywhere(op):
+    graph = _trailing_absent(op)
+    node = geir.to_onnx(graph).graph.node[-1]
+    assert node.op_type == op and list(node.input)[-1] != "", list(node.input)
+    assert op != "Clip" or list(node.input) == ["x", "", "hi"]
+    feeds = {"x": np.array([[[0.5], [2.0], [-3.0]]], np.float32)}
+    want = {"Squeeze": [0.5, 2.0, -3.0], "Slice": [[[2.0], [-3.0]]], "ReduceSum": [[[-0.5]]],
+            "Clip": [[[0.5], [1.0], [-3.0]]]}[op]
+    assert plain_onnxruntime(graph, feeds)["y"].tolist() == want
+    reimported = geir.from_onnx(geir.to_onnx(graph))
+    for runtime in ("numpy", "onnxruntime"):
+        assert geir.run(graph, feeds, runtime=runtime)["y"].tolist() == want, runtime
+        assert geir.run(reimported, feeds, runtime=runtime)["y"].tolist() == want, runtime
