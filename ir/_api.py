@@ -75,13 +75,18 @@ def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None,
     return differentiate(forward, GraphBuilder(f"{forward.name}_grad"), wrt, outputs)
 
 
-def fuse(graph: GraphLike) -> tuple[Graph, FusionReport]:
+def fuse(graph: GraphLike, *, allow_stricter_data: bool = False) -> tuple[Graph, FusionReport]:
     """Rewrite standard-op subgraphs that are one of our ops into that op; return the new graph and a report.
 
     The graph's interface is kept (inputs, outputs, names, types); ``graph`` itself is not changed. The report
     lists each match (pattern, nodes replaced, the op it became) and each near miss with its reason; a match
     whose op refuses it (a schema rule) is a near miss too. See ``schemas/<family>/fusion.py`` for the patterns.
+
+    A rewrite holds for every input the graph accepts, or it does not fire. Where our op checks data the
+    subgraph does not (attention's key ids distinct per row, MoE indices a permutation) and that data is not a
+    constant, the match is a near miss unless ``allow_stricter_data=True``: then it fuses, and such data is
+    refused with an ``ExecutionError`` when the fused graph runs (never computed into another result).
     """
     work = GraphBuilder.copy(as_graph(graph, "geir.fuse")).build()
-    report = apply_patterns(work, GraphBuilder.extend)
+    report = apply_patterns(work, GraphBuilder.extend, allow_stricter_data=allow_stricter_data)
     return GraphBuilder.extend(work).build(), report

@@ -13,6 +13,11 @@ What every match must satisfy is checked here, in one place, whatever the patter
   range, never wraps into it;
 - the op's run-time data rules pass on its inputs that are constants (a constant index table it would refuse on
   every run is a near miss now);
+- an input that those data rules read and that is not a constant (fed, or computed in the graph) makes a near miss
+  unless the caller allows stricter data (``allow_stricter_data``): the rules may refuse values the subgraph
+  computes with (a key id twice in an attention row, MoE indices that are not a permutation), and a rewrite is
+  correct for every input the original accepts or it does not fire. Allowed, such values are refused with an
+  ``ExecutionError`` when the fused graph runs, never computed into another result;
 - the graph still exports: a model holds one ONNX function body per op (``ir/_onnx_export``), so a match whose
   op would need another body than the op's nodes already in the graph (other optional inputs present, other
   layout) is a near miss that says so.
@@ -31,7 +36,7 @@ import numpy as np
 
 from ..ir._core import CANN_DOMAIN, Graph, Node, Value
 from ..ir._errors import ExecutionError, GraphError
-from ..schemas import DataContext
+from ..schemas import DataContext, get_schema
 from ..schemas.lowering import LOWERINGS
 from ..schemas.patterns import GraphView, Match, NearMiss, Pattern, patterns
 
@@ -93,8 +98,9 @@ class _Fusion:
     """One run of the pass over ``graph``: the builder extending it, the nodes each match left dead, the body
     each of our op types exports with, and the report."""
 
-    def __init__(self, graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> None:
+    def __init__(self, graph: Graph, extend: Callable[[Graph], GraphBuilder], allow_stricter_data: bool) -> None:
         self.graph = graph
+        self.allow_stricter_data = allow_stricter_data
         self.builder = extend(graph)
         self.report = FusionReport(graph.name)
         self.view = GraphView(graph)
@@ -158,6 +164,8 @@ class _Fusion:
     def build(self, match: Match, name: str) -> Value:
         """Add our op for ``match`` (its rules checked on creation) and what converts its inputs and output."""
         builder = self.builder
+        if not self.allow_stricter_data:
+            self.check_no_stricter_data(match)
         inputs = list(match.inputs)
         for index, transform in match.transforms.items():
             inputs[index] = transform(builder, inputs[index], f"{name}_convert{index}")
@@ -187,6 +195,19 @@ class _Fusion:
             raise GraphError(f"{match.op} would give {new.type} where the subgraph gives {old.type}")
         self.bodies.setdefault(match.op, (key, name))
         return new
+
+    def check_no_stricter_data(self, match: Match) -> None:
+        """Refuse (GraphError, a near miss) a match whose op's data rules would read a value that is not a constant:
+        the rules may refuse what the subgraph accepts, so the rewrite would not hold for every input."""
+        schema = get_schema(match.op)
+        for index, (spec, value) in enumerate(zip(schema.inputs, match.inputs)):
+            if (spec.name in schema.validated_inputs and index not in match.constants and value is not None
+                    and value.name not in self.graph.constants):
+                raise GraphError(
+                    f"input '{spec.name}' ({value.name}) is not a constant, and {match.op} checks it when the graph "
+                    f"runs more strictly than this subgraph (e.g. distinct key ids per row, a permutation of rows): "
+                    f"fused, a value the subgraph computes with would be refused; pass allow_stricter_data=True "
+                    f"(geir fuse --allow-stricter-data) to fuse and have such values refused at run time")
 
     def check_constant_data(self, node: Node) -> None:
         """Run the op's run-time data rules (``..-D#``) now when every value they read is a constant: a match the
@@ -253,10 +274,12 @@ class _Fusion:
         del self.graph.constant_values[constants:]
 
 
-def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder]) -> FusionReport:
+def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder], *,
+                   allow_stricter_data: bool = False) -> FusionReport:
     """Fuse ``graph`` in place (the caller passes a copy, and builds it after: verified, typed) with
-    ``extend = GraphBuilder.extend``."""
-    fusion = _Fusion(graph, extend)
+    ``extend = GraphBuilder.extend``; ``allow_stricter_data``: fuse where the op's run-time data rules read a value
+    that is not a constant (see the module docstring)."""
+    fusion = _Fusion(graph, extend, allow_stricter_data)
     while fusion.sweep():
         pass
     return fusion.report

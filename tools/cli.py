@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     fuse = commands.add_parser("fuse", help="rewrite standard-op subgraphs of a saved model into our ops")
     fuse.add_argument("model", help="the .onnx file to read")
     fuse.add_argument("output", help="the .onnx file to write")
+    fuse.add_argument("--allow-stricter-data", action="store_true",
+                      help="also fuse where our op checks fed indices more strictly than the subgraph (distinct key "
+                           "ids per row, a permutation for MoE); such data is then refused when the model runs")
     example = commands.add_parser("example", help="run the geir.ge ports of CANN's graph-mode examples")
     example.add_argument("name", nargs="?", default="all", help="an example name or all (default)")
     example.add_argument("--runtime", choices=runtime_names(), default="numpy")
@@ -182,7 +185,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "example":
         return commands.run_example(args.name, args.runtime, args.dump)
     if args.command == "fuse":
-        return commands.fuse_model(args.model, args.output)
+        return commands.fuse_model(args.model, args.output, args.allow_stricter_data)
     from .bench import SUITES, run_benchmarks
 
     unknown = [s for s in args.suite if s not in SUITES]

@@ -96,9 +96,9 @@ def check_model(model: str, target: str, strict: bool = False) -> int:
     return 1 if failed else 0
 
 
-def fuse_model(model: str, output: str) -> int:
+def fuse_model(model: str, output: str, allow_stricter_data: bool = False) -> int:
     """Fuse a saved model's standard-op subgraphs into our ops, write the result, print the report."""
-    fused, report = fuse(load_model(model))
+    fused, report = fuse(load_model(model), allow_stricter_data=allow_stricter_data)
     try:
         save_onnx(fused, output)          # exported in full before the file is replaced: `fuse IN IN` is safe
     except OSError as exc:

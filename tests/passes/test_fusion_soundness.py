@@ -102,26 +102,26 @@ def _attention_feeds(idx, t1=4, n1=4):
 def test_a_mask_that_broadcasts_by_head_is_not_fused():
     """Item 2: without the Unsqueeze, a (T1, K) mask over (T1, N1, K) scores masks by head when T1 == N1."""
     original = _attention("head")
-    fused, report = geir.fuse(original)
+    fused, report = geir.fuse(original, allow_stricter_data=True)
     assert "SparseFlashAttention" not in [n.op_type for n in fused.nodes]
     assert "broadcasts by head" in report.near_misses[0].reason
     _same(original, fused, _attention_feeds([[0, 1, -1], [2, -1, -1], [3, 4, 5], [5, -1, -1]]))
-    fused, _ = geir.fuse(_attention("row"))
+    fused, _ = geir.fuse(_attention("row"), allow_stricter_data=True)
     assert "SparseFlashAttention" in [n.op_type for n in fused.nodes]
 
 
 def test_fed_indices_keep_the_meaning_of_gather():
     """Item 3: ONNX Gather reads -1 as the last key (and -T2 as the first); the fused op must too, not as padding."""
     original = _attention("")
-    fused, _ = geir.fuse(original)
+    fused, _ = geir.fuse(original, allow_stricter_data=True)
     assert "SparseFlashAttention" in [n.op_type for n in fused.nodes]
     _same(original, fused, _attention_feeds([[0, 1, -1], [2, 3, -6], [-2, 3, 1], [5, 0, 3]]))
     original = _attention("row")                       # masked: padding anywhere, any negative; a row of it is NaN
-    fused, _ = geir.fuse(original)
+    fused, _ = geir.fuse(original, allow_stricter_data=True)
     assert "SparseFlashAttention" in [n.op_type for n in fused.nodes]
     _same(original, fused, _attention_feeds([[-1, 1, 4], [2, -7, -1], [-1, -1, -1], [5, 0, 3]]))
     original = _moe(fed=True, dtype="int32")
-    fused, _ = geir.fuse(original)
+    fused, _ = geir.fuse(original, allow_stricter_data=True)
     assert "MoeTokenUnpermute" in [n.op_type for n in fused.nodes]
     _same(original, fused, _moe_feeds([-6, 4, 3, -1, 1, 2]))
 
@@ -154,7 +154,7 @@ def test_int64_indices_beyond_int32_fail_as_the_original_does():
              (_attention(""), _attention_feeds([[0, 1, 2 ** 32 + 3], [2, 3, 4], [1, 4, 5], [5, 0, 3]])),
              (_attention("row"), _attention_feeds([[0, 1, 2 ** 32 + 3], [2, 3, 4], [1, 4, 5], [5, 0, 3]]))]
     for original, feeds in cases:
-        fused, _ = geir.fuse(original)
+        fused, _ = geir.fuse(original, allow_stricter_data=True)
         assert fused.nodes[-1].op_type in ("MoeTokenUnpermute", "SparseFlashAttention", "Where")
         for runtime in RUNTIMES:
             with pytest.raises(geir.ExecutionError):
@@ -172,7 +172,7 @@ def test_fused_graphs_still_export_and_run_on_onnxruntime():
     b.output(_moe(True, "int32", probs=True, b=b), "y")
     b.output(_moe(True, "int32", probs=False, topk=1, tokens=6, b=b, suffix="_1"), "y1")
     original = b.build()
-    fused, report = geir.fuse(original)
+    fused, report = geir.fuse(original, allow_stricter_data=True)
     assert [n.op_type for n in fused.nodes].count("MoeTokenUnpermute") == 2 and not report.near_misses
     geir.to_onnx(fused)
     feeds = _moe_feeds([5, 4, 3, 2, 1, 0]) | {"permuted_1": np.ones((6, 4), np.float32),
@@ -183,7 +183,7 @@ def test_fused_graphs_still_export_and_run_on_onnxruntime():
     b.output(mine, "mine")
     b.output(_moe(True, "int32", probs=True, b=b), "y")
     original = b.build()
-    fused, report = geir.fuse(original)
+    fused, report = geir.fuse(original, allow_stricter_data=True)
     assert [n.op_type for n in fused.nodes].count("MoeTokenUnpermute") == 1
     assert "could no longer be exported" in report.near_misses[0].reason
     geir.to_onnx(fused)
@@ -226,7 +226,7 @@ def test_the_pass_runs_the_ops_data_rules_on_constant_inputs(monkeypatch):
                                                                       2: np.ones((6, 1), np.float32)})
     monkeypatch.setattr(patterns, "_PATTERNS", [patterns.Pattern("careless", "ReduceSum", careless)])
     original = _moe(fed=True, dtype="int32", probs=False, topk=1, tokens=6)
-    fused, report = geir.fuse(original)
+    fused, report = geir.fuse(original, allow_stricter_data=True)
     assert "MoeTokenUnpermute" not in [n.op_type for n in fused.nodes]
     assert "[MU-D1]" in report.near_misses[0].reason and "data rules" in report.near_misses[0].reason
 
@@ -240,3 +240,27 @@ def test_geir_bench_has_a_fusion_suite():
     assert rows[0].baseline and rows[1].targets == (("10 ropes (70 nodes)", 2.0),)
     fused, report = rows[0].fn()
     assert len(report.fused) == 10 and [n.op_type for n in fused.nodes] == ["InplacePartialRotaryMul"] * 10
+
+
+@pytest.mark.parametrize("kind", ["moe", "attention"])
+def test_fed_indices_that_our_op_checks_more_strictly_fuse_only_when_allowed(kind):
+    """A key id twice in a row (attention) or indices that are no permutation (MoE) run in the subgraph and are
+    refused by our op: by default the match is a near miss naming the input, and the graph computes as before;
+    allow_stricter_data=True fuses it, and such data is then an ExecutionError, never another result."""
+    original = _moe(fed=True, dtype="int64") if kind == "moe" else _attention("row")
+    op = "MoeTokenUnpermute" if kind == "moe" else "SparseFlashAttention"
+    fused, report = geir.fuse(original)
+    assert op not in [n.op_type for n in fused.nodes]
+    assert any("is not a constant" in m.reason and "allow_stricter_data=True" in m.reason
+               for m in report.near_misses), str(report)
+    allowed, report = geir.fuse(original, allow_stricter_data=True)
+    assert op in [n.op_type for n in allowed.nodes], str(report)
+    feeds = (_moe_feeds([0, 0, 1, 2, 3, 4], np.int64) if kind == "moe"
+             else _attention_feeds([[0, 0, 1], [2, 3, -1], [4, 4, 4], [5, 1, 3]]))
+    for runtime in ("numpy", "onnxruntime"):
+        want = geir.run(original, feeds, runtime=runtime)
+        got = geir.run(fused, feeds, runtime=runtime)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+        with pytest.raises(geir.ExecutionError):
+            geir.run(allowed, feeds, runtime=runtime)
