@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 
-from onnx import FunctionProto, ModelProto, checker, helper, numpy_helper
+import numpy as np
+from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, checker, helper, numpy_helper
 
 from ..schemas import OPSET, get_schema
 from ..schemas._onnx_body import Body
 from ..schemas.lowering import LOWERINGS, LoweringSpec
-from ._core import CANN_DOMAIN, Graph, Node
+from ._core import CANN_DOMAIN, Graph, Node, Value
 from ._errors import GraphError
 from ._files import write_file
 from ._onnx_schemas import register_onnx_schemas
@@ -31,7 +32,9 @@ IR_VERSION = 9
 def to_onnx(graph: Graph) -> ModelProto:
     """The graph as an ONNX ModelProto that passes ``onnx.checker.check_model(full_check=True)``."""
     register_onnx_schemas()
-    nodes, specs = [], {}
+    nodes: list[NodeProto] = []
+    specs: dict[str, tuple[LoweringSpec, str]] = {}
+    added = _Added(graph, {v.name for v in graph.values()} | set(graph.constants) | {n.name for n in graph.nodes})
     for node in graph.topological_order():
         if node.domain == CANN_DOMAIN:
             schema = get_schema(node.op_type, node.domain)
@@ -46,7 +49,11 @@ def to_onnx(graph: Graph) -> ModelProto:
             attributes = [attribute_to_onnx(a.name, a.kind.value, node.attributes[a.name]) for a in schema.attributes]
         else:
             attributes = [helper.make_attribute(k, v) for k, v in node.attributes.items()]
-        proto = helper.make_node(node.op_type, _input_names(node),
+        names = _input_names(node)
+        if node.domain == "" and node.op_type == "Slice":
+            names = _slice_inputs(node, names, graph, added)
+        nodes += added.take_nodes()
+        proto = helper.make_node(node.op_type, names,
                                  [v.name if v is not None else "" for v in node.outputs], name=node.name,
                                  domain=node.domain)
         proto.attribute.extend(attributes)
@@ -54,7 +61,7 @@ def to_onnx(graph: Graph) -> ModelProto:
     outputs = {v.name for v in graph.outputs}
     inputs = {v.name for v in graph.inputs}
 
-    def typed(v) -> object:   # one dim_param per class of symbols declared equal
+    def typed(v: Value) -> ValueInfoProto:   # one dim_param per class of symbols declared equal
         dims = [graph.symbols.canonical(d) if isinstance(d, str) else d for d in v.type.shape]
         return value_info(v.name, TensorType(v.type.dtype, dims))
 
@@ -64,7 +71,8 @@ def to_onnx(graph: Graph) -> ModelProto:
     initializers += [numpy_helper.from_array(graph.defaults[v.name], v.name) for v in graph.inputs
                      if v.name in graph.defaults]    # an input's default: a same-name initializer (IR >= 4)
     onnx_graph = helper.make_graph(nodes, graph.name, [typed(v) for v in graph.inputs],
-                                   [typed(v) for v in graph.outputs], initializer=initializers, value_info=inner)
+                                   [typed(v) for v in graph.outputs], initializer=initializers + added.initializers,
+                                   value_info=inner + added.value_info)
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(CANN_DOMAIN, 1)] if specs else [])
     functions = [_function(spec) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,
@@ -87,6 +95,81 @@ def _input_names(node: Node) -> list[str]:
     while node.domain != CANN_DOMAIN and inputs and inputs[-1] is None:
         inputs.pop()
     return [v.name if v is not None else "" for v in inputs]
+
+
+class _Added:
+    """Nodes, initializers and value_info the export adds to state a node's meaning for ONNX Runtime, under names no
+    value or node of the graph has."""
+
+    def __init__(self, graph: Graph, taken: set[str]) -> None:
+        self.graph, self.taken = graph, taken
+        self.nodes: list[NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self.value_info: list[ValueInfoProto] = []
+
+    def name(self, stem: str) -> str:
+        name, k = stem, 1
+        while name in self.taken:
+            k += 1
+            name = f"{stem}_{k}"
+        self.taken.add(name)
+        return name
+
+    def constant(self, stem: str, array: np.ndarray) -> str:
+        name = self.name(stem)
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def node(self, op_type: str, inputs: list[str], stem: str, like: Value, dtype: int) -> str:
+        """One standard node with one output of ``like``'s shape and element type ``dtype``."""
+        out = self.name(stem)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out))
+        dims = [self.graph.symbols.canonical(d) if isinstance(d, str) else d for d in like.type.shape]
+        self.value_info.append(helper.make_tensor_value_info(out, dtype, dims))
+        return out
+
+    def take_nodes(self) -> list[NodeProto]:
+        nodes, self.nodes = self.nodes, []
+        return nodes
+
+
+_INT_MAXES = (np.iinfo(np.int32).max, np.iinfo(np.int64).max)
+"""Ends that ONNX Runtime reads as "through index 0" with a negative step; the spec clamps them to dim - 1."""
+
+
+def _slice_inputs(node: Node, inputs: list[str], graph: Graph, added: _Added) -> list[str]:
+    """A Slice's input names with its ends canonicalised: under a negative step, ONNX clamps an end of INT32_MAX or
+    INT64_MAX to dim - 1 (nothing read from a start at dim - 1), as it does any end >= dim, but ONNX Runtime reads
+    these two values as "through index 0". An end of -1 means dim - 1 to both, for every dim, so those ends are
+    written as -1: a new initializer where ends and steps are constants, a Where over the fed values otherwise."""
+    ends, steps = node.inputs[2], node.inputs[4] if len(node.inputs) > 4 else None
+    if ends is None or steps is None:
+        return inputs                              # no steps: all are 1
+    fixed = {v.name: graph.constants[v.name] for v in (ends, steps) if v.name in graph.constants}
+    if steps.name in fixed and (fixed[steps.name] > 0).all():
+        return inputs
+    if ends.name in fixed and not np.isin(fixed[ends.name], _INT_MAXES).any():
+        return inputs
+    stem, ends_dtype = f"{node.name}_ends", ends.type.dtype.numpy
+    if len(fixed) == 2:
+        end_array, step_array = fixed[ends.name], fixed[steps.name]
+        if end_array.shape != step_array.shape:
+            return inputs                          # not a valid Slice: the runtimes refuse it as it is
+        clamped = np.where((step_array < 0) & np.isin(end_array, _INT_MAXES), -1, end_array).astype(ends_dtype)
+        return inputs[:2] + [added.constant(stem, clamped)] + inputs[3:]
+    limits = [m for m in _INT_MAXES if m <= np.iinfo(ends_dtype).max]
+    big = added.node("Equal", [ends.name, added.constant(f"{stem}_max", np.array(limits[0], ends_dtype))],
+                     f"{stem}_is_max", ends, TensorProto.BOOL)
+    if len(limits) == 2:
+        other = added.node("Equal", [ends.name, added.constant(f"{stem}_max", np.array(limits[1], ends_dtype))],
+                           f"{stem}_is_max", ends, TensorProto.BOOL)
+        big = added.node("Or", [big, other], f"{stem}_is_max", ends, TensorProto.BOOL)
+    backward = added.node("Less", [steps.name, added.constant(f"{stem}_zero", np.array(0, steps.type.dtype.numpy))],
+                          f"{stem}_backward", steps, TensorProto.BOOL)
+    replace = added.node("And", [backward, big], f"{stem}_clamped", ends, TensorProto.BOOL)
+    canonical = added.node("Where", [replace, added.constant(f"{stem}_minus_one", np.array(-1, ends_dtype)),
+                                     ends.name], f"{stem}_canonical", ends, ends.type.dtype.onnx)
+    return inputs[:2] + [canonical] + inputs[3:]
 
 
 def _lowering_spec(node: Node, schema):
