@@ -13,6 +13,8 @@ import pytest
 
 import geir
 from geir.runtimes import get_runtime
+from geir.schemas.sparse_attention.examples import SfaCase
+from oracles.numerics import assert_within_ulps_of_scale
 
 Case = tuple[geir.Graph, dict[str, object], dict[str, object]]
 """A graph and two sets of feeds (a second run of one executable must not disturb the first's results)."""
@@ -198,3 +200,32 @@ def test_absent_trailing_optional_inputs_run_everywhere(op):
     for runtime in ("numpy", "onnxruntime"):
         assert geir.run(graph, feeds, runtime=runtime)["y"].tolist() == want, runtime
         assert geir.run(reimported, feeds, runtime=runtime)["y"].tolist() == want, runtime
+
+
+@pytest.mark.parametrize("layout, dtype", [("BSND", "float16"), ("TND", "bfloat16")])
+def test_grad_of_attention_summed_to_a_scalar_runs_on_onnxruntime(layout, dtype):
+    """SparseFlashAttention (sinks) -> Cast to float32 -> ReduceSum over every axis: the derivative's cotangent
+    grad_y is 0-d, and bound as (1,) it made the attention grad's d_out one rank too many ("d_out and out: expected
+    the rank and dtype of query" from the native kernel; without it, grad_sinks of shape (5, 2) for (2,))."""
+    shape = dict(B=1, S1=3, S2=6, N1=2, D=4, D2=4, K=3) if layout == "BSND" else dict(
+        layout="TND", N1=2, D=4, D2=4, K=3, tnd_q=[2, 4], tnd_kv=[3, 7])
+    case = SfaCase(**shape, mode=3, sinks=True, dtype=dtype, seed=3)
+    arrays = case.arrays()
+    b = geir.GraphBuilder("attention_sum")
+    inputs: dict[str, geir.Value] = {}
+    for name, array in arrays.items():
+        if array is not None and name in ("query", "key", "value", "sinks"):
+            inputs[name] = b.input(name, str(array.dtype), array.shape)
+        elif array is not None and name in ("sparse_indices", "actual_seq_lengths_query", "actual_seq_lengths_kv"):
+            inputs[name] = b.constant(name, array)
+    out = b.SparseFlashAttention(**inputs, **case.forward_attrs())[0]
+    b.output(b.op("ReduceSum", b.op("Cast", out, to=1), keepdims=0), "y")
+    derivative = geir.grad(b.build())
+    feeds = {name: arrays[name] for name in ("query", "key", "value", "sinks")} | {"grad_y": np.array(1.5, np.float32)}
+    want = geir.run(derivative, feeds, runtime="numpy")
+    got = geir.run(derivative, feeds, runtime="onnxruntime")
+    assert list(got) == ["y", "grad_query", "grad_key", "grad_value", "grad_sinks"]
+    for name, array in want.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape, name
+        assert_within_ulps_of_scale(got[name], array.astype(np.float64), array.dtype, ulps=4, what=name)
+    assert want["grad_sinks"].shape == (2,) and np.abs(want["grad_sinks"]).max() > 0
