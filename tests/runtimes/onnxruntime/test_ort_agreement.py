@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -124,7 +125,7 @@ def _assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray], what: 
     assert list(got) == list(want), what
     for name in want:
         assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, (
-            f"{what}: output {name!r}: {got[name].dtype}{list(got[name].shape)}, plain ONNX Runtime "
+            f"{what}: output {name!r}: {got[name].dtype}{list(got[name].shape)}, expected "
             f"{want[name].dtype}{list(want[name].shape)}")
         bits = np.dtype(f"u{want[name].dtype.itemsize}")
         assert np.array_equal(got[name].view(bits), want[name].view(bits)), f"{what}: output {name!r} values"
@@ -229,3 +230,22 @@ def test_grad_of_attention_summed_to_a_scalar_runs_on_onnxruntime(layout, dtype)
         assert got[name].dtype == array.dtype and got[name].shape == array.shape, name
         assert_within_ulps_of_scale(got[name], array.astype(np.float64), array.dtype, ulps=4, what=name)
     assert want["grad_sinks"].shape == (2,) and np.abs(want["grad_sinks"]).max() > 0
+
+
+def test_zero_size_and_bfloat16_scalars_beside_pass_through_outputs():
+    """Feeds ONNX Runtime takes through an OrtValue (bfloat16) or that hold no element, 0-d and passed through, with
+    and without caller buffers: the NumPy runtime's answer (plain ONNX Runtime has no NumPy type for bfloat16)."""
+    b = geir.GraphBuilder("odd_feeds")
+    x, s, t = b.input("x", "float16", (0, 2)), b.input("s", "float16", ()), b.input("t", "bfloat16", ())
+    b.output(b.op("Add", x, s), "z")
+    b.output(b.op("Mul", s, s), "w")
+    b.output(b.op("Unsqueeze", t, _axes(b)), "u")
+    for value in (x, s, t):
+        b.output(value)
+    graph = b.build()
+    feeds = {"x": np.zeros((0, 2), np.float16), "s": np.array(1.5, np.float16), "t": np.array(2.5, ml_dtypes.bfloat16)}
+    want = geir.run(graph, feeds, runtime="numpy")
+    assert want["u"].shape == (1,) and want["w"].shape == () and want["z"].shape == (0, 2)
+    buffers = {"w": np.zeros((), np.float16), "z": np.zeros((0, 2), np.float16), "u": np.zeros(1, ml_dtypes.bfloat16)}
+    for outputs in (None, buffers):
+        _assert_same(geir.run(graph, feeds, runtime="onnxruntime", outputs=outputs), want, f"buffers {outputs}")
