@@ -108,13 +108,19 @@ def moe_problems(draw):
 
 
 @st.composite
-def sfa_problems(draw):
-    layout = draw(st.sampled_from(["BSND", "TND"]))
+def sfa_cases(draw) -> SfaCase:
+    """A small attention case: layout, heads and groups, selection, mode, rope, dtype, KV merge and seed drawn."""
     n2 = draw(st.sampled_from([1, 2]))
-    case = SfaCase(layout=layout, N2=n2, N1=n2 * draw(st.sampled_from([1, 2])), K=draw(st.integers(1, 4)),
-                   bs=draw(st.sampled_from([1, 2, 3])), mode=draw(st.sampled_from([0, 3])),
+    return SfaCase(layout=draw(st.sampled_from(["BSND", "TND"])), N2=n2, N1=n2 * draw(st.sampled_from([1, 2])),
+                   K=draw(st.integers(1, 4)), bs=draw(st.sampled_from([1, 2, 3])), mode=draw(st.sampled_from([0, 3])),
                    Dr=draw(st.sampled_from([0, 4])), dtype=draw(st.sampled_from(["float16", "bfloat16"])),
                    kv_merge=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+
+
+@st.composite
+def sfa_problems(draw):
+    case = draw(sfa_cases())
+    layout = case.layout
     grad = draw(st.booleans())
     corrupt = draw(st.sampled_from(["none", "none", "repeat", "range"]))
     arrays = case.arrays()
@@ -214,12 +220,8 @@ def sfa_grads_with_non_finite_values(draw):
     """A valid grad case (its statistics from the forward, ``out`` random: the grad takes it as given, and so
     dP - rowsum(dO O) is never a rounding-dependent 0 that an infinite P would turn into NaN or not) with one to three
     values made +inf, -inf, NaN or 0 in the query, its rope, d_out, key, value, out or the statistics."""
-    layout = draw(st.sampled_from(["BSND", "TND"]))
-    n2 = draw(st.sampled_from([1, 2]))
-    case = SfaCase(layout=layout, N2=n2, N1=n2 * draw(st.sampled_from([1, 2])), K=draw(st.integers(1, 4)),
-                   bs=draw(st.sampled_from([1, 2, 3])), mode=draw(st.sampled_from([0, 3])),
-                   Dr=draw(st.sampled_from([0, 4])), dtype=draw(st.sampled_from(["float16", "bfloat16"])),
-                   kv_merge=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+    case = draw(sfa_cases())
+    layout = case.layout
     arrays = case.arrays()
     if case.kv_merge:
         arrays["value"] = np.ascontiguousarray(arrays["key"][..., :case.D2])

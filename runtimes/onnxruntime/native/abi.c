@@ -71,6 +71,12 @@ OrtStatus* ort_output(OrtKernelContext* ctx, size_t index, const int64_t* dims, 
   return st ? st : ort_describe(value, t);
 }
 
+OrtStatus* ort_parallel(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* user) {
+  if (tasks == 1) fn(user, 0);
+  if (tasks <= 1) return NULL;
+  return FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, fn, tasks, 0, user);
+}
+
 /* ABI probe for the tests: entries whose effect can be observed without a session. */
 int geir_probe_abi(char* out, size_t size) {
   const OrtApi* api = g_api;

@@ -113,6 +113,8 @@ GEIR_INTERNAL OrtStatus* ort_errorf(const char* op, const char* fmt, ...) __attr
 GEIR_INTERNAL OrtStatus* ort_out_of_memory(const char* op);
 /* Input ``index`` described into ``t`` (``present`` 0 for an absent optional input); outputs likewise. */
 GEIR_INTERNAL OrtStatus* ort_input(OrtKernelContext* ctx, size_t index, Tensor* t, int* present);
+/* Run fn(user, i) for i < tasks on ONNX Runtime's thread pool (inline for one task). */
+GEIR_INTERNAL OrtStatus* ort_parallel(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* user);
 GEIR_INTERNAL OrtStatus* ort_output(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t rank, Tensor* t);
 
 #endif

@@ -184,7 +184,7 @@ OrtStatus* sfa_forward_compute(const SfaKernel* k, OrtKernelContext* ctx) {
   if (!st) st = ort_output(ctx, 2, k->lse ? stats : none, k->lse ? (k->tnd ? 3 : 4) : 1, &job.sm);
   if (!st) {
     job.per_task = pairs_per_task(p);
-    st = sfa_parallel(ctx, forward_task, (size_t)((p->pairs + job.per_task - 1) / job.per_task), &job);
+    st = ort_parallel(ctx, forward_task, (size_t)((p->pairs + job.per_task - 1) / job.per_task), &job);
   }
   if (!st && job.s.failed) st = ort_out_of_memory(p->op);
   sfa_plan_free(p);
@@ -539,17 +539,17 @@ static OrtStatus* grad_chunks(OrtKernelContext* ctx, GradJob* job) {
     job->e0 = p->start[job->p0];
     job->per_task = pairs_per_task(p);
     size_t pair_tasks = (size_t)((job->p1 - job->p0 + job->per_task - 1) / job->per_task);
-    st = sfa_parallel(ctx, side_task, pair_tasks, job);
+    st = ort_parallel(ctx, side_task, pair_tasks, job);
     if (!st && !job->s.failed) {
       bucket_entries(job);
-      st = sfa_parallel(ctx, key_task, (size_t)job->tasks, job);
+      st = ort_parallel(ctx, key_task, (size_t)job->tasks, job);
     }
-    if (!st && !job->s.failed) st = sfa_parallel(ctx, query_task, pair_tasks, job);
+    if (!st && !job->s.failed) st = ort_parallel(ctx, query_task, pair_tasks, job);
   }
   if (!st && !job->s.failed) {
     int64_t flat_rows = p->key_rows * p->n2;
     job->per_task = 256;
-    st = sfa_parallel(ctx, key_output_task, (size_t)((flat_rows + job->per_task - 1) / job->per_task), job);
+    st = ort_parallel(ctx, key_output_task, (size_t)((flat_rows + job->per_task - 1) / job->per_task), job);
   }
   return st;
 }

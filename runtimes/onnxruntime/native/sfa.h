@@ -47,8 +47,6 @@ GEIR_INTERNAL OrtStatus* sfa_plan(OrtKernelContext* ctx, SfaPlan* plan, const Te
 GEIR_INTERNAL OrtStatus* sfa_widen_keys(OrtKernelContext* ctx, SfaPlan* plan);
 GEIR_INTERNAL int64_t sfa_cpu_count(void);
 GEIR_INTERNAL void sfa_plan_free(SfaPlan* plan);
-/* Run fn(user, i) for i < tasks on ONNX Runtime's thread pool (inline for one task). */
-GEIR_INTERNAL OrtStatus* sfa_parallel(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* user);
 
 GEIR_INTERNAL OrtStatus* sfa_forward_compute(const SfaKernel* k, OrtKernelContext* ctx);
 GEIR_INTERNAL OrtStatus* sfa_grad_compute(const SfaKernel* k, OrtKernelContext* ctx);

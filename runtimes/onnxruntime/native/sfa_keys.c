@@ -112,5 +112,5 @@ OrtStatus* sfa_widen_keys(OrtKernelContext* ctx, SfaPlan* p) {
   p->vw_ld = p->has_value ? p->d2p : p->dkp;
   if (!p->kw || !p->vw) return ort_out_of_memory(p->op);
   WidenJob job = {p, 64};
-  return sfa_parallel(ctx, widen_task, (size_t)((p->distinct + job.per_task - 1) / job.per_task), &job);
+  return ort_parallel(ctx, widen_task, (size_t)((p->distinct + job.per_task - 1) / job.per_task), &job);
 }

@@ -65,12 +65,6 @@ OrtStatus* sfa_read_attributes(const OrtKernelInfo* info, int grad, SfaKernel* k
   return NULL;
 }
 
-OrtStatus* sfa_parallel(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* user) {
-  if (tasks == 1) fn(user, 0);
-  if (tasks <= 1) return NULL;
-  return FN(KernelContextParallelForFn, SLOT_KernelContext_ParallelFor)(ctx, fn, tasks, 0, user);
-}
-
 void sfa_plan_free(SfaPlan* p) {
   free(p->batch);
   free(p->start);
