@@ -17,7 +17,10 @@ What every match must satisfy is checked here, in one place, whatever the patter
   unless the caller allows stricter data (``allow_stricter_data``): the rules may refuse values the subgraph
   computes with (a key id twice in an attention row, MoE indices that are not a permutation), and a rewrite is
   correct for every input the original accepts or it does not fire. Allowed, such values are refused with an
-  ``ExecutionError`` when the fused graph runs, never computed into another result;
+  ``ExecutionError`` when the fused graph runs, never computed into another result. So does a match whose
+  pattern says on which data the op's meaning differs (``Match.differs_on``: a slot of weight 0 or a padded key
+  that the op skips and the subgraph multiplies by 0, so that a non-finite value there is NaN in the subgraph
+  only); allowed, the op's (CANN's) meaning holds on that data;
 - the graph still exports: a model holds one ONNX function body per op (``ir/_onnx_export``), so a match whose
   op would need another body than the op's nodes already in the graph (other optional inputs present, other
   layout) is a near miss that says so.
@@ -165,6 +168,9 @@ class _Fusion:
         """Add our op for ``match`` (its rules checked on creation) and what converts its inputs and output."""
         builder = self.builder
         if not self.allow_stricter_data:
+            if match.differs_on:
+                raise GraphError(f"{match.differs_on}; pass allow_stricter_data=True (geir fuse "
+                                 f"--allow-stricter-data) to fuse it with the op's meaning")
             self.check_no_stricter_data(match)
         inputs = list(match.inputs)
         for index, transform in match.transforms.items():

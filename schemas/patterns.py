@@ -42,6 +42,9 @@ class Match:
     transforms: dict[int, Callable[[Any, Any, str], Any]] = field(default_factory=dict)
     """Inputs computed from a value by nodes the match adds (index -> ``f(builder, value, name)``), before the
     casts: an index convention converted, say."""
+    differs_on: str = ""
+    """Data on which our op's defined meaning differs from the subgraph's, said as a reason (what the op skips that
+    the subgraph multiplies by 0, say); the pass fuses such a match only with ``allow_stricter_data``."""
     finish: Callable[[Any, Any, list[Any], str], Any] | None = None
     """``f(builder, output, inputs, name)``: nodes after our op that keep the subgraph's meaning where the op's
     differs (NaN rows where the subgraph gives NaN, say); ``inputs`` are the op's inputs as built."""

@@ -5,7 +5,8 @@ gathered slot by slot (slot t*K + k -> row: CANN's sorted_indices convention), w
 probs: weights of one, so every fused unpermute has the one ONNX body with probs). Indices keep Gather's meaning:
 a negative id counts from the end (normalised in the graph, or now for a constant idx), and an int64 id beyond
 int32 saturates (the pass) instead of wrapping. The op adds what the subgraph adds, except that it skips zero
-weights (a NaN row with weight 0 stays out, as CANN does) and requires ``idx`` to be a permutation (MU-D1): a
+weights (a NaN row with weight 0 stays out, as CANN does: with probs that are not a constant free of zeros the
+match says so in ``differs_on``, and fuses only where the caller allows it) and requires ``idx`` to be a permutation (MU-D1): a
 constant idx is checked now, a fed one when the graph runs (an ExecutionError, never another result); P must have
 at least M rows (the op reads ids in [R, M) as dropped slots, where Gather fails). Rows written to their slots instead (``ScatterND`` of the rows at
 ``Unsqueeze(row2slot, -1)``, PyTorch's ``out[row2slot] = rows``) are the gather by the inverse permutation: the
@@ -77,10 +78,20 @@ def _unpermute(view: GraphView, reduce):
     if rows_count < slots:
         return NearMiss(f"the Gather reads {rows_count} rows for {slots} slots: the op reads an index in "
                         f"[{rows_count}, {slots}) as a dropped slot, where Gather fails")
-    constants = {}
+    constants, differs_on = {}, ""
     if probs is None:        # a plain sum over K: weights of one (one op form, with probs, exports for every match)
         constants[2] = np.ones((tokens, topk), permuted.type.dtype.numpy)
+    else:
+        weights = view.constant(probs)
+        if weights is None or (weights == 0).any():
+            differs_on = ("MoeTokenUnpermute skips a slot of weight 0 (as CANN does), where the subgraph multiplies "
+                          "its row by 0: a non-finite row there is NaN in the subgraph, not in the op")
     constant = view.constant(indices)
+    if constant is not None and scatter is not None:
+        slots_of = normalised_ids(constant.reshape(-1), rows_count)
+        if not np.array_equal(np.sort(slots_of), np.arange(slots_of.size)):
+            return NearMiss("the row scatter's slots are not a permutation of 0..M-1 (MoeTokenUnpermute requires "
+                            "one, MU-D1)")
     if constant is not None and scatter is None:
         normalised = normalised_ids(constant.reshape(-1), rows_count)
         if not np.array_equal(np.sort(normalised), np.arange(normalised.size)):
@@ -91,7 +102,7 @@ def _unpermute(view: GraphView, reduce):
         transforms = {1: gather_ids(rows_count)}
     casts = {1: INT32} if indices.type.dtype.onnx != INT32 and 1 not in constants else {}
     return Match(FORWARD.op_type, [permuted, indices, probs], {}, reduce.outputs[0], [n for n in nodes if n is not None],
-                 casts=casts, constants=constants, transforms=transforms)
+                 casts=casts, constants=constants, transforms=transforms, differs_on=differs_on)
 
 
 def _scattered_rows(view: GraphView, scatter):

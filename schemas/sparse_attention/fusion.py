@@ -13,7 +13,8 @@ reads a negative id from the end (the op would read -1 as padding), a masked ent
 reads -1 as the end of the row), and a row of padding only is NaN in the subgraph (zeros in the op). A constant
 idx is converted now (a near miss when the op would refuse it); a fed one in the graph (``_fed_ids``). What the
 op still refuses, a repeated id in a row (SA-D3), fails the fused graph with an ExecutionError at run time,
-never another result.
+never another result. A padded entry the op skips, where the subgraph multiplies the value row gathered there by
+0 (NaN when that row is not finite): a masked match that may hold padding says so in ``differs_on``.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ def _attention(view: GraphView, matmul):
     if isinstance(found, NearMiss):
         return found
     ids, transforms, finish = found
+    padded = mask is not None and (constant is None or not mask[2](constant).all())
+    differs_on = ("SparseFlashAttention skips a padded entry, where the subgraph multiplies the value row it "
+                  "gathers there (row 0, through Max(idx, 0)) by a probability of 0: a non-finite value there is NaN "
+                  "in the subgraph, not in the op") if padded else ""
     constants = {5: np.array([t1], np.int32), 6: np.array([t2], np.int32)}
     if ids is not None:
         constants[3] = ids.reshape(t1, 1, k)
@@ -134,7 +139,7 @@ def _attention(view: GraphView, matmul):
         reshapes={1: (t2, 1, key.type.shape[1]), 2: (t2, 1, value.type.shape[1])} | ({} if ids is not None else
                                                                                       {3: (t1, 1, k)}),
         casts={3: INT32} if ids is None and idx.type.dtype.onnx != INT32 else {},
-        constants=constants, transforms=transforms, finish=finish)
+        constants=constants, transforms=transforms, finish=finish, differs_on=differs_on)
 
 
 def _constant_ids(constant, t1: int, t2: int, mask):
