@@ -40,11 +40,25 @@ def test_diff_ratio_counts_the_elements_off_by_more_than_p():
         testing.assert_close(actual, expected, name="y")
     text = str(info.value)
     assert text.startswith("y: 10 of 10000 elements fail diff_ratio (float16): elements with relative error > 0.001 must "
-                           "be fewer than 0.001 of all (here 0.001); worst at index (0,): actual np.float64(1.009765625), "
+                           "be fewer than 0.001 of all (here 0.001), and no infinity or NaN may differ; worst at index "
+                           "(0,): actual np.float64(1.009765625), "
                            "expected np.float64(1.0), absolute error 0.00976562, relative error 0.00976562")
     f32 = np.ones(100, np.float32)
     with pytest.raises(AssertionError, match=r"diff_ratio \(float32\): elements with relative error > 0.0001"):
         testing.assert_close(f32 * np.float32(1.001), f32)
+
+
+@pytest.mark.parametrize("got, want", [(np.nan, 1.0), (np.inf, 1.0), (-np.inf, np.inf), (1.0, np.nan),
+                                       (np.nan, np.inf)])
+def test_diff_ratio_never_passes_a_special_value_that_differs(got, want):
+    """One element in 20,000 is below diff_ratio's 1/10,000, yet an infinity or NaN that differs is no rounding."""
+    expected = np.ones(20000, np.float32)
+    actual = expected.copy()
+    actual[7], expected[7] = got, want
+    with pytest.raises(AssertionError, match="no infinity or NaN may differ"):
+        testing.assert_close(actual, expected)
+    actual[7] = expected[7]
+    testing.assert_close(actual, expected)
 
 
 def test_precision_standard_and_bit_exact_name_the_worst_element():

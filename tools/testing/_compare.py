@@ -3,7 +3,8 @@
 - ``"diff_ratio"`` (ops-transformer ``moe/moe_init_routing_v3/tests/ut/op_kernel/.../compare.py``):
   an element differs when ``isclose(actual, expected, rtol=p, atol=0, equal_nan=True)`` fails, and
   the output passes when the ratio of differing elements is below ``p``: ``p = 1/1000`` for float16
-  and ``1/10000`` for every other dtype ("Diff ratio" in CANN's output).
+  and ``1/10000`` for every other dtype ("Diff ratio" in CANN's output). A differing infinity or NaN
+  fails the output whatever the ratio (the special values below hold in every standard).
 - ``"precision_standard"`` (ops-transformer ``posembedding/norm_rope_concat_grad/tests/ut/op_kernel/
   .../compare_data.py``, ``get_precision_standard``): every element within an absolute error that
   grows with the number of terms accumulated into it (``compute_count``): float16 ``2**-8`` below
@@ -122,8 +123,10 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, *, dtype: np.dtype | 
         p = 1e-3 if kind == "float16" else 1e-4
         bad = ~(same | np.isclose(a64, e64, rtol=p, atol=0, equal_nan=True))
         ratio = bad.mean() if bad.size else 0.0
+        special = bad & ~(np.isfinite(a64) & np.isfinite(e64))     # an inf or NaN that differs: never a ratio
         rule, ok = f"diff_ratio ({kind}): elements with relative error > {p:g} must be fewer than {p:g} of all " \
-                   f"(here {ratio:.3g})", ratio < p or not bad.any()
+                   f"(here {ratio:.3g}), and no infinity or NaN may differ", (ratio < p or not bad.any()) and \
+            not special.any()
     else:
         bound = precision_standard(kind, compute_count)
         bad = ~(abs_err <= bound)
