@@ -4,6 +4,7 @@ trusting it, and writing one so that a failure never leaves it empty or half wri
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -52,9 +53,15 @@ def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
     A new file gets the mode ``open()`` would give it (umask applied); a replaced file keeps its mode. A link is
     written through (the file it names is replaced). A target that exists and is not a regular file (a FIFO,
     ``/dev/stdout``) cannot be renamed over: it is written directly. OSError when the directory is missing or
-    not writable.
+    not writable, or when ``path`` ends with a separator (a directory's name, as ``open()`` says: never a file).
     """
-    target = os.path.realpath(os.fspath(path))
+    given = os.fspath(path)
+    if given.endswith(tuple(s for s in (os.sep, os.altsep) if s)):
+        bare = given.rstrip(os.sep + (os.altsep or ""))
+        if bare and os.path.exists(bare) and not os.path.isdir(bare):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), given)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), given)
+    target = os.path.realpath(given)
     try:
         info: os.stat_result | None = os.stat(target)
     except FileNotFoundError:

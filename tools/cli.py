@@ -94,13 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     stdout = sys.stdout
-    sys.stdout = _ReaderMayLeave(stdout)   # type: ignore[assignment]
+    closed = None if stdout is not None else open(os.devnull, "w")   # started with stdout closed (`>&-`)
+    sys.stdout = _ReaderMayLeave(stdout if closed is None else closed)   # type: ignore[assignment]
     try:                                    # --help and --version print (and exit) inside parse_args
         parser = build_parser()
         return _run(parser, parser.parse_args(argv))
     finally:
         sys.stdout.flush()                  # through the wrapper: a reader gone now is not an error at exit
         sys.stdout = stdout
+        if closed is not None:
+            closed.close()
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

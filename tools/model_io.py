@@ -71,13 +71,15 @@ def _read_array(stream: IO[bytes], size: int, what: str) -> np.ndarray:
     except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
         raise CommandError(f"{what}: not a NumPy .npy array ({exc})") from None
     claimed, held = math.prod(shape) * dtype.itemsize, size - stream.tell()
+    if any(d >= 2 ** 63 for d in shape):    # a dim NumPy cannot even index, though the product may be 0
+        raise CommandError(f"{what}: its header claims shape {tuple(shape)}: a dimension past 2**63 - 1")
     if claimed > held:
         raise CommandError(f"{what}: its header claims shape {tuple(shape)} of {dtype} ({claimed} bytes), but the "
                            f"file holds {max(held, 0)} bytes of data")
     try:
         stream.seek(0)
         return fmt.read_array(stream, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, OverflowError) as exc:
         raise CommandError(f"{what}: not a NumPy .npy array without pickles ({exc})") from None
 
 

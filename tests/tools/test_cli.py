@@ -140,6 +140,14 @@ BAD = {
                 "--input cos={tmp}/huge.npy: its header claims shape (10000000000000, 4) of float32 (160000000000000 "
                 "bytes), but the file holds 16 bytes of data"),
     },
+    "file claiming an empty array of a huge dim": {
+        "run": (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}/empty_huge.npy"],
+                "--input cos={tmp}/empty_huge.npy: its header claims shape (0, 1000000000000000000000000000000): a "
+                "dimension past 2**63 - 1"),
+    },
+    "output path naming a directory": {
+        "fuse": (["fuse", "{model}", "{tmp}/model.onnx/"], "output '{tmp}/model.onnx/'"),
+    },
     "archive claiming a huge array": {
         "run": (["run", "{model}", "--random", "--dim", "B=2", "--feeds", "{tmp}/huge.npz"],
                 "--feeds '{tmp}/huge.npz': array 'cos': its header claims shape (10000000000000, 4)"),
@@ -170,6 +178,9 @@ def bad_files(tmp_path_factory):
     header = io.BytesIO()       # a 16-byte .npy whose header claims 10^13 x 4 float32 (NumPy would allocate 160 TB)
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**13, 4)})
     (tmp / "huge.npy").write_bytes(header.getvalue() + bytes(16))
+    empty = io.BytesIO()        # no element, yet a dim no array can have (NumPy's reader raises OverflowError)
+    np.lib.format.write_array_header_1_0(empty, {"descr": "<f4", "fortran_order": False, "shape": (0, 10**30)})
+    (tmp / "empty_huge.npy").write_bytes(empty.getvalue())
     with zipfile.ZipFile(tmp / "huge.npz", "w") as archive:
         archive.writestr("cos.npy", header.getvalue() + bytes(16))
     return tmp
@@ -208,6 +219,23 @@ def test_a_reader_that_closes_stdout_early_loses_the_printout_not_the_work(tmp_p
     with process.stderr:
         err = process.stderr.read().decode()
     assert process.wait(timeout=300) == 0 and err == ""
+    assert np.load(tmp_path / "out.npz")["y"].shape == (2, 4, 2, 16)
+
+
+def test_a_closed_stdout_descriptor_loses_the_printout_not_the_work(tmp_path):
+    """``geir run ... --output F >&-`` (no stdout at all: sys.stdout is None): the file is written, exit 0."""
+    import numpy as np
+
+    import geir
+    from helpers import ROPE_GRAD, rotary_graph
+
+    graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[4, 12])
+    geir.save_onnx(graph, tmp_path / "model.onnx")
+    command = [sys.executable, "-m", "geir", "run", str(tmp_path / "model.onnx"), "--random", "--dim", "B=2",
+               "--output", str(tmp_path / "out.npz")]
+    result = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *command], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
     assert np.load(tmp_path / "out.npz")["y"].shape == (2, 4, 2, 16)
 
 
