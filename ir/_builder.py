@@ -60,25 +60,39 @@ class GraphBuilder:
         builder.copy_from(graph)
         return builder
 
-    def copy_from(self, graph: Graph, rewrite: Any = None, outputs: bool = True) -> dict[int, Value | None]:
+    def copy_from(self, graph: Graph, rewrite: Any = None, outputs: bool = True,
+                  reserved: frozenset[str] = frozenset()) -> dict[int, Value | None]:
         """Add a copy of ``graph`` (symbol groups, inputs, constants, nodes in topological order, and with
         ``outputs`` its outputs) to this builder; return the map ``id(original value) -> copy``.
 
         ``rewrite(node, inputs)``, when given, may re-emit a node itself (returning its outputs here) or
-        return None to have it copied as it is."""
+        return None to have it copied as it is. A constant or inner value named in ``reserved`` (names the caller
+        will give its own inputs or outputs) is copied under a new name."""
         for group in graph.symbols.groups():
             self.declare_equal(*sorted(group))
+        kept = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}   # the interface keeps its names
+        avoid = set(reserved) | kept | {v.name for v in graph.constant_values} | {
+            v.name for n in graph.nodes for v in n.outputs if v is not None}
+
+        def named(name: str) -> str:
+            if name not in reserved or name in kept:
+                return name
+            count = 1
+            while f"{name}_{count}" in avoid or f"{name}_{count}" in self._names:
+                count += 1
+            avoid.add(f"{name}_{count}")
+            return f"{name}_{count}"
         mapping: dict[int, Value | None] = {}
         for v in graph.inputs:
             mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.shape, default=graph.defaults.get(v.name))
         for v in graph.constant_values:
-            mapping[id(v)] = self.constant(v.name, graph.constants[v.name])
+            mapping[id(v)] = self.constant(named(v.name), graph.constants[v.name])
         for node in graph.topological_order():
             inputs = [None if v is None else mapping[id(v)] for v in node.inputs]
             made = rewrite(node, inputs) if rewrite is not None else None
             if made is None:
                 made = self.add_node(node.schema, inputs, node.attributes, name=node.name,
-                                     output_names=[v.name if v is not None else "" for v in node.outputs],
+                                     output_names=[named(v.name) if v is not None else "" for v in node.outputs],
                                      location=node.location)
             for old, new in zip(node.outputs, made if isinstance(made, tuple) else (made,)):
                 if old is not None:

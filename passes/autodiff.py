@@ -205,8 +205,9 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
     def rewrite(node: Node, inputs: list[Value | None]) -> tuple[Value | None, ...] | None:
         hook = vjp_rewrite(node.op_type, node.domain)   # attention returns its statistics in the copy
         return None if hook is None else hook(ctx, node, inputs)
-    ctx.mapping.update(b.copy_from(graph, rewrite, outputs=False))
     names = _cotangent_names(graph, sources, targets)
+    interface = frozenset(names) | {f"grad_{v.name}" for v in sources}   # a constant of such a name is renamed
+    ctx.mapping.update(b.copy_from(graph, rewrite, outputs=False, reserved=interface))
     cotangents = {id(v): b.input(names[i], v.type.dtype, v.type.shape) for i, v in enumerate(targets)}
     depends = ctx.depends = _dependents(graph, order, sources)
     for node in reversed(order):

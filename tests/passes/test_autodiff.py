@@ -435,3 +435,19 @@ def test_an_output_that_is_only_an_input_passes_its_cotangent_through():
     for runtime in ("numpy", "onnxruntime"):
         got = geir.run(derivative, {"x": np.zeros(3, np.float32), "grad_x_cotangent": u}, runtime=runtime)
         np.testing.assert_array_equal(got["grad_x"], u)
+
+
+@pytest.mark.parametrize("constant", ["grad_y", "grad_x"])
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+def test_a_constant_named_like_a_cotangent_or_gradient_is_renamed_not_refused(constant, runtime):
+    """The derivative's interface (cotangent input grad_y, gradient output grad_x) keeps its names; a constant of
+    the graph with one of them is renamed inside the derivative (it failed: 'name is already used')."""
+    b = geir.GraphBuilder("named")
+    x = b.input("x", "float32", (2,))
+    b.output(b.op("Mul", x, b.constant(constant, np.array([3.0, -2.0], np.float32))), "y")
+    derivative = geir.grad(b.build())
+    assert [v.name for v in derivative.inputs] == ["x", "grad_y"]
+    assert [v.name for v in derivative.outputs] == ["y", "grad_x"]
+    got = geir.run(derivative, {"x": np.ones(2, np.float32), "grad_y": np.array([1.0, 0.5], np.float32)},
+                   runtime=runtime)
+    np.testing.assert_array_equal(got["grad_x"], [3.0, -1.0])
