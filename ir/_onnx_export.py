@@ -38,7 +38,7 @@ def to_onnx(graph: Graph) -> ModelProto:
     for node in graph.topological_order():
         if node.domain == CANN_DOMAIN:
             schema = get_schema(node.op_type, node.domain)
-            spec = _lowering_spec(node, schema)
+            spec = lowering_spec(node, schema)
             previous = specs.setdefault(node.op_type, (spec, node.name))
             if previous[0] != spec:
                 raise GraphError(
@@ -172,7 +172,9 @@ def _slice_inputs(node: Node, inputs: list[str], graph: Graph, added: _Added) ->
     return inputs[:2] + [canonical] + inputs[3:]
 
 
-def _lowering_spec(node: Node, schema):
+def lowering_spec(node: Node, schema) -> LoweringSpec:
+    """What our op's exported function body depends on: the optional inputs present, the structural attributes,
+    the formal names. Export writes one body per op, so two nodes of one op with unequal specs cannot both export."""
     if (node.domain, node.op_type) not in LOWERINGS:
         raise GraphError(f"{node.op_type} '{node.name}': no ONNX lowering is declared for this op", node=node.name)
     _, structural = LOWERINGS[(node.domain, node.op_type)]

@@ -39,9 +39,10 @@ import numpy as np
 
 from ..ir._core import CANN_DOMAIN, Graph, Node, Value
 from ..ir._errors import ExecutionError, GraphError
+from ..ir._onnx_export import lowering_spec
 from ..schemas import DataContext, get_schema
-from ..schemas.lowering import LOWERINGS
-from ..schemas.patterns import GraphView, Match, NearMiss, Pattern, patterns
+from ..schemas.lowering import LOWERINGS, LoweringSpec
+from ..schemas.patterns import INT32, GraphView, Match, NearMiss, Pattern, patterns
 
 if TYPE_CHECKING:
     from ..ir._builder import GraphBuilder
@@ -82,19 +83,13 @@ class FusionReport:
         return "\n".join(lines)
 
 
-INT32 = 6
 INT32_RANGE = (np.iinfo(np.int32).min, np.iinfo(np.int32).max)
 
 
-def _body_key(node: Node) -> tuple | None:
-    """What our op's exported function body depends on (as ``ir/_onnx_export`` specialises it): the optional
-    inputs present and the structural attributes; None for an op without a lowering."""
-    entry = LOWERINGS.get((node.domain, node.op_type))
-    if entry is None:
-        return None
-    schema = node.schema
-    present = frozenset(s.name for s, v in zip(schema.inputs, node.inputs) if s.optional and v is not None)
-    return present, tuple((a, node.attributes.get(a)) for a in entry[1])
+def _body_key(node: Node) -> LoweringSpec | None:
+    """What our op's exported function body depends on (``ir/_onnx_export.lowering_spec``, the export's own rule);
+    None for an op without a lowering."""
+    return lowering_spec(node, node.schema) if (node.domain, node.op_type) in LOWERINGS else None
 
 
 class _Fusion:
@@ -111,7 +106,7 @@ class _Fusion:
         self.dead: list[Node] = []
         self.orphans: list[Value] = []
         self.outputs = {id(v) for v in graph.outputs}
-        self.bodies: dict[str, tuple[tuple | None, str]] = {}
+        self.bodies: dict[str, tuple[LoweringSpec | None, str]] = {}
         for node in graph.nodes:
             if node.domain == CANN_DOMAIN:
                 self.bodies.setdefault(node.op_type, (_body_key(node), node.name))

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .onnx_slice import SliceError, slice_range
+
 __all__ = ["GraphView", "Match", "NearMiss", "Pattern", "gather_ids", "normalised_ids", "patterns", "register_pattern"]
 
 
@@ -48,6 +50,10 @@ class Match:
     finish: Callable[[Any, Any, list[Any], str], Any] | None = None
     """``f(builder, output, inputs, name)``: nodes after our op that keep the subgraph's meaning where the op's
     differs (NaN rows where the subgraph gives NaN, say); ``inputs`` are the op's inputs as built."""
+
+
+INT32 = 6
+"""ONNX's element type code of int32: what our ops take their indices as (``Match.casts``)."""
 
 
 @dataclass
@@ -136,7 +142,10 @@ class GraphView:
             steps = parts[4] if len(parts) > 4 and parts[4] is not None else [1]
             if list(axes) != [0] or len(parts[1]) != 1:
                 return None
-            return parts[0][slice(int(parts[1][0]), int(parts[2][0]), int(steps[0]))]
+            try:                                     # ONNX's meaning (clamped bounds), not Python's slice rules
+                return parts[0][list(slice_range(len(parts[0]), int(parts[1][0]), int(parts[2][0]), int(steps[0])))]
+            except SliceError:
+                return None
         return None
 
     def reshaped_shape(self, node: Any) -> tuple[int, ...] | None:
@@ -174,7 +183,8 @@ class GraphView:
 
     def slice_of(self, value: Any) -> tuple[Any, int, int, int, int] | None:
         """``(source, axis, start, stop, step)`` when ``value`` is a one-axis Slice of a static-size axis, with
-        start/stop normalised to that size (Python slice semantics), else None."""
+        start/stop normalised to that size as ONNX reads them (``onnx_slice.slice_range``: ``range(start, stop,
+        step)`` is what it selects), else None."""
         node = self.producer(value, "Slice")
         if node is None:
             return None
@@ -189,8 +199,11 @@ class GraphView:
         size = source.type.shape[axis]
         if not isinstance(size, int):
             return None
-        start, stop, step = slice(starts[0], ends[0], steps[0]).indices(size)
-        return source, axis, start, stop, step
+        try:
+            read = slice_range(size, starts[0], ends[0], steps[0])
+        except SliceError:
+            return None
+        return source, axis, read.start, read.stop, read.step
 
     def last_axis(self, value: Any, axis: int) -> bool:
         return axis % len(value.type.shape) == len(value.type.shape) - 1

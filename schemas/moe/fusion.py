@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..patterns import GraphView, Match, NearMiss, gather_ids, normalised_ids, register_pattern
+from ..patterns import INT32, GraphView, Match, NearMiss, gather_ids, normalised_ids, register_pattern
 from .schema import FORWARD
 
-INT32 = 6
 
 
 def _weights(view: GraphView, value, tokens: int, topk: int):

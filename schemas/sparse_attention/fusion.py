@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..patterns import GraphView, Match, NearMiss, gather_ids, normalised_ids, register_pattern
+from ..patterns import INT32, GraphView, Match, NearMiss, gather_ids, normalised_ids, register_pattern
 from .schema import FORWARD
 
-INT32 = 6
 
 
 _PREDICATES = {"GreaterOrEqual": lambda a: a >= 0, "Greater": lambda a: a > -1, "Not": lambda a: a != -1}
