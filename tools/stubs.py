@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..ir._builder import GraphBuilder
+from ..ir._files import write_file
 from ..schemas import OpSchema, all_schemas
 
 __all__ = ["STUB_PATH", "builder_stub"]
@@ -90,5 +91,5 @@ def builder_stub() -> str:
 
 
 if __name__ == "__main__":
-    STUB_PATH.write_text(builder_stub())
+    write_file(STUB_PATH, builder_stub())
     sys.stdout.write(f"wrote {STUB_PATH}\n")
