@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import tokenize
 import zipfile
 from collections.abc import Mapping, Sequence
 from typing import IO
@@ -68,7 +69,8 @@ def _read_array(stream: IO[bytes], size: int, what: str) -> np.ndarray:
             shape, _, dtype = fmt.read_array_header_2_0(stream)
         else:
             raise ValueError(f"unknown .npy format version {version}")
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, tokenize.TokenError) as exc:   # NumPy's header
+        # parser tokenizes the header's dict: a bracket left open is a TokenError
         raise CommandError(f"{what}: not a NumPy .npy array ({exc})") from None
     claimed, held = math.prod(shape) * dtype.itemsize, size - stream.tell()
     if any(d >= 2 ** 63 for d in shape):    # a dim NumPy cannot even index, though the product may be 0

@@ -145,6 +145,10 @@ BAD = {
                 "--input cos={tmp}/empty_huge.npy: its header claims shape (0, 1000000000000000000000000000000): a "
                 "dimension past 2**63 - 1"),
     },
+    "file with a header that does not parse": {
+        "run": (["run", "{model}", "--random", "--dim", "B=2", "--input", "cos={tmp}/open_bracket.npy"],
+                "--input cos={tmp}/open_bracket.npy: not a NumPy .npy array"),
+    },
     "output path naming a directory": {
         "fuse": (["fuse", "{model}", "{tmp}/model.onnx/"], "output '{tmp}/model.onnx/'"),
     },
@@ -181,6 +185,9 @@ def bad_files(tmp_path_factory):
     empty = io.BytesIO()        # no element, yet a dim no array can have (NumPy's reader raises OverflowError)
     np.lib.format.write_array_header_1_0(empty, {"descr": "<f4", "fortran_order": False, "shape": (0, 10**30)})
     (tmp / "empty_huge.npy").write_bytes(empty.getvalue())
+    text = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, }"     # a bracket left open
+    text += b" " * (63 - (10 + len(text)) % 64) + b"\n"
+    (tmp / "open_bracket.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + bytes(24))
     with zipfile.ZipFile(tmp / "huge.npz", "w") as archive:
         archive.writestr("cos.npy", header.getvalue() + bytes(16))
     return tmp
