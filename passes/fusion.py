@@ -40,7 +40,7 @@ import numpy as np
 from ..ir._core import CANN_DOMAIN, Graph, Node, Value
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._onnx_export import lowering_spec
-from ..schemas import DataContext, get_schema
+from ..schemas import DataContext, InferContext, get_schema
 from ..schemas.lowering import LOWERINGS, LoweringSpec
 from ..schemas.patterns import INT32, GraphView, Match, NearMiss, Pattern, patterns
 
@@ -188,6 +188,8 @@ class _Fusion:
         if owner and key != body:
             raise GraphError(f"the graph could no longer be exported: {match.op} '{owner}' already has an ONNX "
                              f"function body of another form (optional inputs, layout), and a model holds one per op")
+        if not self.allow_stricter_data:
+            self.check_shapes_decided(new.producer)
         self.check_constant_data(new.producer)
         if match.finish is not None:
             new = match.finish(builder, new, inputs, f"{name}_finish")
@@ -209,6 +211,22 @@ class _Fusion:
                     f"runs more strictly than this subgraph (e.g. distinct key ids per row, a permutation of rows): "
                     f"fused, a value the subgraph computes with would be refused; pass allow_stricter_data=True "
                     f"(geir fuse --allow-stricter-data) to fuse and have such values refused at run time")
+
+    def check_shapes_decided(self, node: Node) -> None:
+        """Refuse (GraphError, a near miss) a node whose schema rules a symbolic dim leaves undecided: on fed shapes
+        the op could refuse what the subgraph accepts (a table of symbolic size B that broadcasts when B is 1, say)."""
+        schema = node.schema
+        values = [self.graph.constants.get(v.name) if v is not None and v.producer is None else None
+                  for v in node.inputs]
+        ctx = InferContext(schema, node.name, [v.type if v is not None else None for v in node.inputs],
+                           node.attributes, symbols=self.graph.symbols, input_values=values)
+        schema.infer_types(ctx)
+        if ctx.deferred:
+            raise GraphError(f"its rules {', '.join(sorted(set(ctx.deferred)))} depend on symbolic dims this graph "
+                             f"does not decide, so the op could refuse shapes the subgraph accepts (a dim that "
+                             f"broadcasts when it is 1, say); give static shapes or declare_equal the symbols, or pass "
+                             f"allow_stricter_data=True (geir fuse --allow-stricter-data) to fuse and have such shapes "
+                             f"refused at run time")
 
     def check_constant_data(self, node: Node) -> None:
         """Run the op's run-time data rules (``..-D#``) now when every value they read is a constant: a match the

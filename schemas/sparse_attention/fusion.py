@@ -117,6 +117,9 @@ def _attention(view: GraphView, matmul):
     if not all(v.type.is_static for v in (query, key, value, idx)):
         return NearMiss("matches only with static shapes (the lengths [T1] and [T2] become constants)")
     t1, t2, k = query.type.shape[0], key.type.shape[0], idx.type.shape[1]
+    if idx.type.shape[0] != t1:
+        return NearMiss(f"the index rows ({idx.type.shape[0]}) broadcast over the {t1} query rows; the op takes one "
+                        f"index row per query row")
     source = mask[0] if mask is not None else idx
     constant = view.constant(source)
     found = _constant_ids(constant, t1, t2, mask) if constant is not None else \

@@ -315,3 +315,41 @@ def test_a_constant_row_scatter_that_is_no_permutation_is_a_near_miss():
     fused, report = geir.fuse(b.build(), allow_stricter_data=True)
     assert "MoeTokenUnpermute" not in [n.op_type for n in fused.nodes]
     assert "not a permutation" in report.near_misses[0].reason
+
+
+def test_a_rope_whose_table_shapes_symbols_leave_undecided_is_not_fused_by_default():
+    """cos (B, S, 1, D) and sin (1, S, 1, D): the subgraph broadcasts sin over any B, the op needs cos and sin of
+    one shape (RP-S2), which a symbolic B leaves undecided; fused, every run with B != 1 would fail."""
+    b = geir.GraphBuilder("rope")
+    x = b.input("x", "float32", ("B", 4, 3, 8))
+    cos, sin = b.input("cos", "float32", ("B", 4, 1, 8)), b.input("sin", "float32", (1, 4, 1, 8))
+    rotated = b.op("Concat", b.op("Neg", _slice(b, x, 4, BIG)), _slice(b, x, 0, 4), axis=-1)
+    b.output(b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin)), "y")
+    original = b.build()
+    fused, report = geir.fuse(original)
+    assert "InplacePartialRotaryMul" not in [n.op_type for n in fused.nodes]
+    assert "depend on symbolic dims" in report.near_misses[0].reason and "RP-S2" in report.near_misses[0].reason
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 4, 3, 8)).astype(np.float32),
+             "cos": rng.standard_normal((2, 4, 1, 8)).astype(np.float32),
+             "sin": rng.standard_normal((1, 4, 1, 8)).astype(np.float32)}
+    _same(original, fused, feeds)
+    allowed, _ = geir.fuse(original, allow_stricter_data=True)      # fused: such shapes refused when it runs
+    assert "InplacePartialRotaryMul" in [n.op_type for n in allowed.nodes]
+    for runtime in RUNTIMES:
+        with pytest.raises(geir.ExecutionError, match="RP-S2"):
+            geir.run(allowed, feeds, runtime=runtime)
+
+
+def test_index_rows_that_broadcast_over_the_query_rows_are_not_fused():
+    """idx (1, K) over T1 = 2 query rows: MatMul broadcasts it, the op takes one index row per query row (fused, the
+    graph failed on every input, even with allow_stricter_data)."""
+    b = geir.GraphBuilder("broadcast_idx")
+    q, k, v = b.input("q", "float16", (2, 2, 4)), b.input("k", "float16", (5, 4)), b.input("v", "float16", (5, 3))
+    idx = b.input("idx", "int64", (1, 4))
+    scores = b.op("MatMul", q, b.op("Transpose", b.op("Gather", k, idx, axis=0), perm=[0, 2, 1]))
+    scores = b.op("Mul", scores, b.constant("c", np.array(0.5, np.float16)))
+    b.output(b.op("MatMul", b.op("Softmax", scores, axis=-1), b.op("Gather", v, idx, axis=0)), "y")
+    fused, report = geir.fuse(b.build(), allow_stricter_data=True)
+    assert "SparseFlashAttention" not in [n.op_type for n in fused.nodes]
+    assert "broadcast over the 2 query rows" in report.near_misses[0].reason
