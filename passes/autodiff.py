@@ -82,7 +82,10 @@ class VjpContext:
         return self.const(np.asarray(list(values), np.int64), "ints")
 
     def op(self, op_type: str, *inputs: Value | None, **attributes: Any) -> Any:
-        """A standard ONNX op (or one of ours) in the new graph; returns its output(s)."""
+        """A standard ONNX op (or one of ours) in the new graph; returns its output(s). A Reshape's target is always a
+        full shape here, so a 0 in it is a size 0 (``allowzero``), never ONNX's "copy this dim"."""
+        if op_type == "Reshape" and not attributes:
+            attributes = {"allowzero": 1}
         return self.b.op(op_type, *inputs, name=self.fresh(op_type.lower()), **attributes)
 
     def cast(self, value: Value, like: TensorType) -> Value:

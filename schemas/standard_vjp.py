@@ -4,7 +4,8 @@ Add, Sub, Mul, Div (broadcasting: the cotangent is summed over an operand's broa
 (rank >= 2), Transpose, Reshape, Squeeze, Unsqueeze, Flatten, Concat, Slice, Gather, Cast, Identity,
 ReduceSum, Softmax. Index-like operands (shapes, axes, indices) get no cotangent. Scatters are never
 used: Gather's and strided Slice's cotangents are one-hot matrix products, deterministic on every
-runtime (ONNX Runtime's ScatterND with reduction races on repeated targets).
+runtime (ONNX Runtime's ScatterND with reduction races on repeated targets), with non-finite cotangents
+placed by indicators so that a one-hot zero never meets them (``_one_hot_sum``).
 """
 
 from __future__ import annotations
@@ -132,6 +133,28 @@ def _concat(ctx, node, grads):
     return pieces
 
 
+def _one_hot_sum(ctx, product, g):
+    """``product(g)`` -- a MatMul of the cotangent ``g`` with a 0/1 matrix, which places (and sums) its entries --
+    with IEEE addition's meaning for non-finite entries: the matrix's zeros never meet them (0 * inf is NaN, where
+    an entry placed elsewhere adds nothing). The finite part is placed as it is; where an inf, -inf or NaN lands is
+    placed by 0/1 indicators, and the sum there is NaN (a NaN, or infinities of both signs), else that infinity."""
+    dtype = g.type.dtype.numpy
+    wide = g if dtype in (np.float32, np.float64) else ctx.op("Cast", g, to=1)      # IsInf takes float and double
+    nan, pos, neg = ctx.op("IsNaN", wide), ctx.op("IsInf", wide, detect_negative=0), ctx.op("IsInf", wide,
+                                                                                            detect_positive=0)
+    zero = ctx.const(np.array(0, dtype), "zero")
+    special = ctx.op("Or", nan, ctx.op("Or", pos, neg))
+    total = product(ctx.op("Where", special, zero, g))
+
+    def lands(mask):
+        return ctx.op("Greater", product(ctx.op("Cast", mask, to=g.type.dtype.onnx)), zero)
+    any_nan, any_pos, any_neg = lands(nan), lands(pos), lands(neg)
+    total = ctx.op("Where", any_neg, ctx.const(np.array(-np.inf, dtype), "minus_inf"), total)
+    total = ctx.op("Where", any_pos, ctx.const(np.array(np.inf, dtype), "inf"), total)
+    invalid = ctx.op("Or", any_nan, ctx.op("And", any_pos, any_neg))
+    return ctx.op("Where", invalid, ctx.const(np.array(np.nan, dtype), "nan"), total)
+
+
 def _place_along(ctx, g, axis: int, positions: list[int], size: int):
     """The cotangent of ``x`` taken at ``positions`` along ``axis`` (distinct): zeros elsewhere."""
     rank = len(g.type.shape)
@@ -143,7 +166,8 @@ def _place_along(ctx, g, axis: int, positions: list[int], size: int):
     onehot[np.arange(len(positions)), positions] = 1
     perm = [i for i in range(rank) if i != axis] + [axis]
     moved = ctx.op("Transpose", g, perm=perm)
-    placed = ctx.op("MatMul", moved, ctx.const(onehot, "onehot"))
+    matrix = ctx.const(onehot, "onehot")
+    placed = _one_hot_sum(ctx, lambda v: ctx.op("MatMul", v, matrix), moved)
     return ctx.op("Transpose", placed, perm=[perm.index(i) for i in range(rank)])
 
 
@@ -189,7 +213,8 @@ def _gather(ctx, node, grads):
     dtype = node.outputs[0].type.dtype
     onehot = ctx.op("Cast", ctx.op("Equal", wrapped, positions), to=dtype.onnx)              # (count, size)
     g = ctx.op("Reshape", grads[0], ctx.ints([before, count, after]))
-    placed = ctx.op("MatMul", ctx.op("Transpose", onehot, perm=[1, 0]), g)                   # (before, size, after)
+    spread = ctx.op("Transpose", onehot, perm=[1, 0])
+    placed = _one_hot_sum(ctx, lambda v: ctx.op("MatMul", spread, v), g)                  # (before, size, after)
     return [ctx.op("Reshape", placed, ctx.ints(shape)), None]
 
 

@@ -451,3 +451,29 @@ def test_a_constant_named_like_a_cotangent_or_gradient_is_renamed_not_refused(co
     got = geir.run(derivative, {"x": np.ones(2, np.float32), "grad_y": np.array([1.0, 0.5], np.float32)},
                    runtime=runtime)
     np.testing.assert_array_equal(got["grad_x"], [3.0, -1.0])
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("op", ["Gather", "Slice"])
+def test_non_finite_cotangents_land_only_where_they_are_placed(op, runtime):
+    """Gather's and a strided Slice's cotangents are placed by one-hot products; an inf there must not turn the
+    zeros of the one-hot matrix into NaN elsewhere (grad_x was [inf, nan, nan, nan] for Gather(x, [0]))."""
+    b = geir.GraphBuilder("placed")
+    x = b.input("x", "float32", (6, 2))
+    if op == "Gather":
+        index = np.array([0, 3, 3, 5, 5], np.int64)
+        b.output(b.op("Gather", x, b.constant("index", index), axis=0), "y")
+    else:
+        index = np.arange(0, 6, 2)
+        ints = lambda name, v: b.constant(name, np.array([v], np.int64))       # noqa: E731
+        b.output(b.op("Slice", x, ints("start", 0), ints("end", 6), ints("axis", 0), ints("step", 2)), "y")
+    cotangent = np.ones((len(index), 2), np.float32)
+    cotangent[0, 0], cotangent[1, 1], cotangent[-1, 0] = np.inf, np.nan, -np.inf
+    if op == "Gather":                                # index 3 twice: inf + -inf lands there, NaN
+        cotangent[1, 0], cotangent[2, 0] = np.inf, -np.inf
+    want = np.zeros((6, 2), np.float64)
+    with np.errstate(invalid="ignore"):
+        np.add.at(want, index, cotangent.astype(np.float64))
+    got = geir.run(geir.grad(b.build()), {"x": np.zeros((6, 2), np.float32), "grad_y": cotangent},
+                   runtime=runtime)["grad_x"]
+    np.testing.assert_array_equal(got, want.astype(np.float32))      # NaN and infinities at the same places
