@@ -477,3 +477,29 @@ def test_non_finite_cotangents_land_only_where_they_are_placed(op, runtime):
     got = geir.run(geir.grad(b.build()), {"x": np.zeros((6, 2), np.float32), "grad_y": cotangent},
                    runtime=runtime)["grad_x"]
     np.testing.assert_array_equal(got, want.astype(np.float32))      # NaN and infinities at the same places
+
+
+ZERO_SIZE = {
+    "gather with no index": ((3, 2), lambda b, x: b.op("Gather", x, b.constant("i", np.zeros((0,), np.int64)))),
+    "gather from zero columns": ((3, 0), lambda b, x: b.op("Gather", x, b.constant("i", np.array([2, 0], np.int64)))),
+    "unsqueeze of zero rows": ((0, 3), lambda b, x: b.op("Unsqueeze", x, b.constant("a", np.array([0], np.int64)))),
+    "squeeze with a zero dim": ((1, 0), lambda b, x: b.op("Squeeze", x, b.constant("a", np.array([0], np.int64)))),
+    "reshape to zero rows": ((2, 0), lambda b, x: b.op("Reshape", x, b.constant("s", np.array([0, 5], np.int64)),
+                                                      allowzero=1)),
+}
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("case", list(ZERO_SIZE))
+def test_zero_size_tensors_differentiate(case, runtime):
+    """A VJP's Reshape to a shape with a 0 means size 0 (allowzero), not ONNX's 'copy this dim'."""
+    shape, make = ZERO_SIZE[case]
+    b = geir.GraphBuilder("zero")
+    x = b.input("x", "float32", shape)
+    b.output(make(b, x), "y")
+    graph = b.build()
+    derivative = geir.grad(graph)
+    y_shape = tuple(graph.outputs[0].type.shape)
+    got = geir.run(derivative, {"x": np.zeros(shape, np.float32), "grad_y": np.ones(y_shape, np.float32)},
+                   runtime=runtime)["grad_x"]
+    assert got.shape == shape and not got.any()
