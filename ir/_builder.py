@@ -17,7 +17,7 @@ import numpy as np
 from ..passes import build_pipeline
 from ..schemas import InferContext, OpSchema, all_schemas, get_schema
 from ..schemas.standard import variadic_output_count
-from ._core import CANN_DOMAIN, Graph, Node, Value
+from ._core import CANN_DOMAIN, Graph, Node, Value, unused_name
 from ._dtypes import DTypeLike
 from ._errors import GeirWarning, GraphError, SourceLocation, user_location
 from ._types import TensorType
@@ -77,11 +77,9 @@ class GraphBuilder:
         def named(name: str) -> str:
             if name not in reserved or name in kept:
                 return name
-            count = 1
-            while f"{name}_{count}" in avoid or f"{name}_{count}" in self._names:
-                count += 1
-            avoid.add(f"{name}_{count}")
-            return f"{name}_{count}"
+            fresh = unused_name(name, avoid | self._names)      # name itself is reserved: a suffix is added
+            avoid.add(fresh)
+            return fresh
         mapping: dict[int, Value | None] = {}
         for v in graph.inputs:
             mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.shape, default=graph.defaults.get(v.name))
@@ -296,9 +294,7 @@ class GraphBuilder:
         space.add(name)
 
     def _fresh(self, base: str) -> str:
-        name, n = base, 1
-        while name in self._names:
-            name, n = f"{base}_{n}", n + 1
+        name = unused_name(base, self._names)
         self._names.add(name)
         return name
 

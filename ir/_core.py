@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import Any
 
 import networkx as nx
@@ -25,7 +25,15 @@ def set_schema_resolver(resolver: SchemaResolver) -> None:
     global _schema_resolver
     _schema_resolver = resolver
 
-__all__ = ["Graph", "Node", "Value"]
+__all__ = ["Graph", "Node", "Value", "unused_name"]
+
+
+def unused_name(stem: str, taken: Container[str]) -> str:
+    """``stem``, else the first of ``stem_1``, ``stem_2``, ... that ``taken`` does not hold."""
+    name, n = stem, 1
+    while name in taken:
+        name, n = f"{stem}_{n}", n + 1
+    return name
 
 CANN_DOMAIN = "ai.cann"
 

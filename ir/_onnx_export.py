@@ -16,7 +16,7 @@ from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, ValueInfoPro
 from ..schemas import OPSET, get_schema
 from ..schemas._onnx_body import Body
 from ..schemas.lowering import LOWERINGS, LoweringSpec
-from ._core import CANN_DOMAIN, Graph, Node, Value
+from ._core import CANN_DOMAIN, Graph, Node, Value, unused_name
 from ._errors import GraphError
 from ._files import write_file
 from ._onnx_schemas import register_onnx_schemas
@@ -108,10 +108,7 @@ class _Added:
         self.value_info: list[ValueInfoProto] = []
 
     def name(self, stem: str) -> str:
-        name, k = stem, 1
-        while name in self.taken:
-            k += 1
-            name = f"{stem}_{k}"
+        name = unused_name(stem, self.taken)
         self.taken.add(name)
         return name
 

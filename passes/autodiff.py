@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ir._core import Graph, Node, Value
+from ..ir._core import Graph, Node, Value, unused_name
 from ..ir._errors import GraphError
 from ..ir._types import TensorType
 from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
@@ -169,11 +169,7 @@ def _cotangent_names(graph: Graph, sources: list[Value], targets: list[Value]) -
     for v in targets:
         name = f"grad_{v.name}"
         if name in taken:
-            stem = name = f"grad_{v.name}_cotangent"
-            count = 0
-            while name in taken:
-                count += 1
-                name = f"{stem}_{count}"
+            name = unused_name(f"{name}_cotangent", taken)
         taken.add(name)
         names.append(name)
     return names
