@@ -17,7 +17,7 @@ from typing import NoReturn, TextIO
 
 from ..ir._errors import ExecutionError, GraphError
 from ..runtimes import runtime_names
-from .model_io import CommandError
+from .model_io import CommandError, missing_directory
 
 
 class _Parser(argparse.ArgumentParser):
@@ -194,10 +194,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unknown = [s for s in args.suite if s not in SUITES]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")
-    if args.plot is not None:               # found out before minutes of measuring, not after
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(folder):
-            raise CommandError(f"--plot {args.plot!r}: cannot write it: the directory {folder!r} does not exist")
+    if args.plot is not None and (missing := missing_directory(args.plot)):   # before minutes of measuring
+        raise CommandError(f"--plot {args.plot!r}: {missing}")
     table = run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat, plot=args.plot)
     print(table)
     return 0

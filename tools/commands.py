@@ -22,17 +22,9 @@ from ..ir._onnx_import import load_onnx
 from ..runtimes import get_runtime
 from ..schemas.targets import TARGETS
 from ..ir._files import write_file
-from .model_io import CommandError, describe_os_error, load_feeds, parse_assignments, save_outputs
+from .model_io import CommandError, load_feeds, parse_assignments, save_outputs, writing
 
 __all__ = ["check_model", "load_model", "run_example", "run_model", "show_model"]
-
-
-def _write(path: str, data: bytes | str, what: str) -> None:
-    """Write an output file whole (or leave it as it was); a failure is a CommandError naming ``what``."""
-    try:
-        write_file(path, data)
-    except OSError as exc:
-        raise CommandError(f"{what} {path!r}: {describe_os_error(exc)}") from None
 
 
 def load_model(path: str) -> Graph:
@@ -99,10 +91,8 @@ def check_model(model: str, target: str, strict: bool = False) -> int:
 def fuse_model(model: str, output: str, allow_stricter_data: bool = False) -> int:
     """Fuse a saved model's standard-op subgraphs into our ops, write the result, print the report."""
     fused, report = fuse(load_model(model), allow_stricter_data=allow_stricter_data)
-    try:
+    with writing(output, "output"):
         save_onnx(fused, output)          # exported in full before the file is replaced: `fuse IN IN` is safe
-    except OSError as exc:
-        raise CommandError(f"output {output!r}: {describe_os_error(exc)}") from None
     print(report)
     print(f"wrote {output}")
     return 0
@@ -117,14 +107,16 @@ def show_model(model: str, fmt: str, output: str | None) -> int:
             raise CommandError(str(exc)) from None
         if output is None:
             raise CommandError(f"--format {fmt} writes a file: give -o FILE.{fmt}")
-        _write(output, picture, "-o")
+        with writing(output, "-o"):
+            write_file(output, picture)
         print(f"wrote {output}")
         return 0
     text = graph.to_dot() if fmt == "dot" else str(graph) + "\n"
     if output is None:
         print(text, end="")
     else:
-        _write(output, text, "-o")
+        with writing(output, "-o"):
+            write_file(output, text)
         print(f"wrote {output}")
     return 0
 

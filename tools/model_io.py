@@ -7,12 +7,13 @@ declared shapes, or both; symbolic dims take their size from ``--dim NAME=VALUE`
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import tokenize
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
 import ml_dtypes
@@ -21,7 +22,8 @@ import numpy as np
 from ..ir._core import Graph
 from ..ir._files import FileRefused, read_regular_file, replacing
 
-__all__ = ["MAX_FEED_BYTES", "CommandError", "describe_os_error", "load_feeds", "parse_assignments", "save_outputs"]
+__all__ = ["MAX_FEED_BYTES", "CommandError", "load_feeds", "missing_directory", "parse_assignments", "save_outputs",
+           "writing"]
 
 MAX_FEED_BYTES = 4 << 30
 """The largest feed file read (4 GiB), and the most ``--random`` makes; more is refused before anything is
@@ -184,21 +186,27 @@ def load_feeds(graph: Graph, inputs: Mapping[str, str], feeds_file: str | None, 
 def save_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> list[str]:
     """Write an ``.npz``; bfloat16 outputs are stored as float32 (exact). Returns the names widened so."""
     widened = [n for n, a in outputs.items() if a.dtype == ml_dtypes.bfloat16]
-    try:
-        with replacing(path) as f, zipfile.ZipFile(f, "w") as archive:   # np.savez's layout, without its keyword
-            for name, array in outputs.items():                            # arguments (an output named 'file')
-                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, array.astype(np.float32) if name in widened else array,
-                                              allow_pickle=False)
-    except OSError as exc:
-        raise CommandError(f"--output {path!r}: {describe_os_error(exc)}") from None
+    with writing(path, "--output"), replacing(path) as f, zipfile.ZipFile(f, "w") as archive:   # np.savez's
+        for name, array in outputs.items():                      # layout, without its keyword arguments ('file')
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array.astype(np.float32) if name in widened else array,
+                                          allow_pickle=False)
     return widened
 
 
-def describe_os_error(exc: OSError) -> str:
-    """Why a file could not be written, in words: a missing directory is named."""
-    if isinstance(exc, FileNotFoundError) and exc.filename is not None:
-        parent = os.path.dirname(os.path.abspath(os.fspath(exc.filename)))
-        if not os.path.isdir(parent):
-            return f"cannot write it: the directory {parent!r} does not exist"
-    return f"cannot write it ({exc.strerror or exc})"
+@contextlib.contextmanager
+def writing(path: str, what: str) -> Iterator[None]:
+    """Around the writing of an output file: an OSError is a CommandError naming ``what`` and ``path``, saying why
+    in words (a missing directory by its name)."""
+    try:
+        yield
+    except OSError as exc:
+        missing = missing_directory(os.fspath(exc.filename)) if isinstance(exc, FileNotFoundError) and \
+            exc.filename is not None else None
+        raise CommandError(f"{what} {path!r}: {missing or f'cannot write it ({exc.strerror or exc})'}") from None
+
+
+def missing_directory(path: str) -> str | None:
+    """Why ``path`` cannot be written when its directory does not exist, else None."""
+    parent = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(parent) else f"cannot write it: the directory {parent!r} does not exist"
