@@ -86,17 +86,13 @@ def _unpermute(view: GraphView, reduce):
             differs_on = ("MoeTokenUnpermute skips a slot of weight 0 (as CANN does), where the subgraph multiplies "
                           "its row by 0: a non-finite row there is NaN in the subgraph, not in the op")
     constant = view.constant(indices)
-    if constant is not None and scatter is not None:
-        slots_of = normalised_ids(constant.reshape(-1), rows_count)
-        if not np.array_equal(np.sort(slots_of), np.arange(slots_of.size)):
-            return NearMiss("the row scatter's slots are not a permutation of 0..M-1 (MoeTokenUnpermute requires "
-                            "one, MU-D1)")
-    if constant is not None and scatter is None:
+    if constant is not None:      # gather ids (slot -> row) or scatter slots (row -> slot): a permutation either way
         normalised = normalised_ids(constant.reshape(-1), rows_count)
         if not np.array_equal(np.sort(normalised), np.arange(normalised.size)):
-            return NearMiss("the gather indices are not a permutation of 0..M-1 (MoeTokenUnpermute requires one, "
-                            "MU-D1)")
-        constants[1] = normalised.astype(np.int32)
+            what = "the row scatter's slots are" if scatter is not None else "the gather indices are"
+            return NearMiss(f"{what} not a permutation of 0..M-1 (MoeTokenUnpermute requires one, MU-D1)")
+        if scatter is None:
+            constants[1] = normalised.astype(np.int32)
     elif scatter is None:
         transforms = {1: gather_ids(rows_count)}
     casts = {1: INT32} if indices.type.dtype.onnx != INT32 and 1 not in constants else {}
