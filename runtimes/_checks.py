@@ -1,17 +1,18 @@
 """Checks both runtimes run before a node computes: its semantic rules on the fed (concrete) shapes
-and its run-time data rules. Written once, so both runtimes raise the same ExecutionError text."""
+and its run-time data rules. Written once, so every runtime raises the same ExecutionError text; data rules read
+host NumPy views that the runtime's array backend makes (``runtimes._arrays``), for the nodes that have one."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-import numpy as np
 
 from ..ir._core import Graph, Node
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._types import TensorType
 from ..passes import infer_node
 from ..schemas import DataContext
+
+from ._arrays import Array, ArrayBackend
 
 __all__ = ["concrete_types", "describe", "is_symbolic", "output_types_on", "validate_node_data"]
 
@@ -62,11 +63,19 @@ def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tup
     return known
 
 
-def validate_node_data(node: Node, arrays: Sequence[np.ndarray | None],
-                       attributes: Mapping[str, object] | None = None) -> None:
+def validate_node_data(node: Node, arrays: Sequence[Array | None], attributes: Mapping[str, object] | None = None,
+                       backend: ArrayBackend | None = None) -> None:
     """The node's run-time data rules (``..-D#``) on the arrays it reads (under ``attributes``, default the node's:
-    an executable passes those it was compiled with); ExecutionError on bad data."""
+    an executable passes those it was compiled with); ExecutionError on bad data.
+
+    The rules read NumPy arrays in host memory: ``backend.host_view`` of each input, made only when the node has a
+    rule, with values only for the inputs whose values it reads (``validated_inputs``; of the others it reads the
+    shape); without a backend ``arrays`` are NumPy arrays already."""
     if node.schema.validate is not None:
+        if backend is not None:
+            names, read = node.schema.input_names, node.schema.validated_inputs
+            arrays = [None if a is None else backend.host_view(a, values=k >= len(names) or names[k] in read)
+                      for k, a in enumerate(arrays)]
         node.schema.validate(DataContext(node.schema, node.name, arrays,
                                          node.attributes if attributes is None else attributes,
                                          location=node.location))

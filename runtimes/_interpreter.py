@@ -4,7 +4,9 @@ A subclass says which callable runs a node (``resolve``); this module does the r
 torch.fx's Interpreter does: a schedule of the live nodes with each value's last use (buffers
 die early), the fed-shape re-checks of nodes whose types hold symbols, the run-time data rules,
 ownership by provenance (what may be written in place), the check of what a kernel returned,
-and the wrapping of kernel failures with the node that failed.
+and the wrapping of kernel failures with the node that failed. It knows no array library: a subclass also
+names its ``backend`` (``runtimes._arrays.ArrayBackend``), which answers every question the core asks of an
+array (its dtype, whether it shares memory with another, how to copy it).
 """
 
 from __future__ import annotations
@@ -12,15 +14,14 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import numpy as np
+from typing import Any, ClassVar
 
 from ..ir._core import Graph, Node, Value
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._types import TensorType
 from ..passes import live_nodes
 
+from ._arrays import Array, ArrayBackend
 from ._checks import describe, is_symbolic, output_types_on, validate_node_data
 from ._compiled import ensure_built, ensure_current
 from ._feeds import validate_feeds
@@ -72,11 +73,15 @@ class InterpretedExecutable(ABC):
     """
 
     runtime_name = "interpreter"
+    backend: ClassVar[ArrayBackend]
+    """The arrays this runtime's kernels take and return (the NumPy runtime: ``runtimes.numpy._arrays.NUMPY``)."""
 
     def __init__(self, graph: Graph) -> None:
         ensure_built(graph)
         self.graph = graph
         self.revision = graph.revision
+        self.constants = {name: self.backend.from_host(array) for name, array in graph.constants.items()}
+        """The graph's constants as the backend's arrays (read-only: never owned, so never written in place)."""
         live = live_nodes(graph)
         self.order: list[Node] = [n for n in graph.topological_order() if n in live]
         self.kernels: dict[Node, tuple[NodeKernel, bool]] = {}
@@ -101,31 +106,30 @@ class InterpretedExecutable(ABC):
     def resolve(self, node: Node) -> tuple[NodeKernel, bool] | None:
         """The kernel that runs ``node`` and whether its fresh results are ours to own; None: no kernel."""
 
-    def run(self, feeds: Mapping[str, np.ndarray],
-            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], outputs: Mapping[str, object] | None = None) -> dict[str, Array]:
         ensure_current(self.graph, self.revision, self.runtime_name)
-        env, bindings = validate_feeds(self.graph, feeds)
-        buffers = validate_output_buffers(self.graph, outputs, env, bindings, feeds)
-        env.update(self.graph.constants)   # read-only: never owned, so never written in place
+        backend = self.backend
+        env, bindings = validate_feeds(self.graph, feeds, backend)
+        buffers = validate_output_buffers(self.graph, outputs, env, bindings, feeds, backend)
+        env.update(self.constants)
         owned: set[str] = set()
-        with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as ONNX Runtime gives them silently
+        with backend.kernel_errstate():   # inf and NaN are IEEE results, as ONNX Runtime gives them silently
             for step in self.steps:
                 self._run_step(step, env, buffers, owned)
         result = {}
         for value in self.graph.outputs:
             array = env[value.name]
-            result[value.name] = array if value.name in owned or value.name in buffers else array.copy()
-        fill_output_buffers(self.graph, result, buffers)
+            result[value.name] = array if value.name in owned or value.name in buffers else backend.copy(array)
+        fill_output_buffers(self.graph, result, buffers, backend)
         return result
 
-    def _run_step(self, step: _Step, env: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray],
-                  owned: set[str]) -> None:
+    def _run_step(self, step: _Step, env: dict[str, Array], buffers: Mapping[str, Array], owned: set[str]) -> None:
         node = step.node
         args = [None if name is None else env[name] for name in step.inputs]
         expected = step.types if not step.symbolic else output_types_on(
             self.graph, node, [None if a is None else a.shape for a in args])   # re-checks the semantic rules
         if step.validates:
-            validate_node_data(node, args, step.attributes)
+            validate_node_data(node, args, step.attributes, self.backend)
         kwargs = dict(step.attributes)
         reused = None
         if step.aliased and step.outputs[0].name in buffers:
@@ -145,20 +149,22 @@ class InterpretedExecutable(ABC):
                                  node=node.name) from exc
         if not isinstance(results, tuple):
             results = (results,)
+        backend = self.backend
+        shares = backend.may_share_memory
         for value, array, want in zip(step.outputs, results, expected):
             if value is None:
                 continue
-            if array.dtype != want.dtype.numpy or not _shape_matches(array.shape, want.shape):
-                raise ExecutionError(f"{describe(node)}: kernel returned {array.dtype}{list(array.shape)} "
-                                     f"for output '{value.name}', expected {want}", node=node.name)
+            if backend.dtype_of(array) is not want.dtype or not _shape_matches(array.shape, want.shape):
+                raise ExecutionError(f"{describe(node)}: kernel returned {backend.dtype_name(array)}"
+                                     f"{list(array.shape)} for output '{value.name}', expected {want}", node=node.name)
             env[value.name] = array
             if value.name in buffers:      # the caller's: never reused for a later in-place write
                 continue
-            if _allocated_here(step.ours, array, args, reused):
+            if _allocated_here(step.ours, array, args, reused, shares):
                 owned.add(value.name)
             else:   # a view of an owned input makes that input shared: no longer written in place
                 owned.difference_update(name for name, a in zip(step.inputs, args)
-                                        if name is not None and np.may_share_memory(array, a))
+                                        if name is not None and shares(array, a))
         for name in step.release:
             env.pop(name, None)
 
@@ -170,17 +176,18 @@ def _takes_outputs(kernel: NodeKernel) -> bool:
         return False
 
 
-def _buffer_for(value: Value | None, want: TensorType | None, buffers: Mapping[str, np.ndarray]) -> np.ndarray | None:
+def _buffer_for(value: Value | None, want: TensorType | None, buffers: Mapping[str, Array]) -> Array | None:
     """The caller's buffer for this node output, when it has one of the output's concrete shape."""
     buffer = buffers.get(value.name) if value is not None else None
     return buffer if buffer is not None and want is not None and _shape_matches(buffer.shape, want.shape) else None
 
 
-def _allocated_here(ours: bool, array: np.ndarray, args: list[np.ndarray | None], reused: np.ndarray | None) -> bool:
+def _allocated_here(ours: bool, array: Array, args: list[Array | None], reused: Array | None,
+                    shares: Callable[[Array, Array], bool]) -> bool:
     """Whether this run owns ``array``: our kernel made it fresh, or it is the buffer we handed in."""
     if reused is not None and array is reused:
         return True
-    return ours and not any(a is not None and np.may_share_memory(array, a) for a in args)
+    return ours and not any(a is not None and shares(array, a) for a in args)
 
 
 def _shape_matches(actual: tuple[int, ...], declared: tuple) -> bool:

@@ -1,7 +1,8 @@
 """Caller-provided output buffers (``Executable.run(feeds, outputs={name: array})``), checked once for
 both runtimes: a loop that reuses its buffers pays no allocation or page faults for them.
 
-A buffer must be a writeable, C-contiguous NumPy array of the output's dtype and shape, share memory
+A buffer must be a writeable, C-contiguous array of the runtime's backend (``runtimes._arrays``; for the NumPy
+runtime a NumPy array) of the output's dtype and shape, share memory
 with no other buffer, with no graph constant or input default (the graph's own: a run writing there
 would change the graph), and with no feed, except the feed an in-place op overwrites anyway (the
 output aliases that input and the feed has no other reader), which is how a caller asks for a true
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from ..ir._core import Graph, Value
 from ..ir._errors import ExecutionError
+
+from ._arrays import Array, ArrayBackend, host_backend
 
 __all__ = ["concrete_shape", "fill_output_buffers", "validate_output_buffers"]
 
@@ -36,65 +37,72 @@ def _overwrites_feed(value: Value, feed: str) -> bool:
     return source is not None and source.producer is None and source.name == feed and len(source.uses) == 1
 
 
-def validate_output_buffers(graph: Graph, buffers: Mapping[str, np.ndarray] | None, feeds: Mapping[str, np.ndarray],
-                            bindings: Mapping[str, int], given: Mapping[str, object] | None = None
-                            ) -> dict[str, np.ndarray]:
+def validate_output_buffers(graph: Graph, buffers: Mapping[str, object] | None, feeds: Mapping[str, Array],
+                            bindings: Mapping[str, int], given: Mapping[str, object] | None = None,
+                            backend: ArrayBackend | None = None) -> dict[str, Array]:
     """The checked buffers by output name; ExecutionError naming the output and what is wrong.
 
     ``feeds`` are the arrays a run reads (``validate_feeds``), ``given`` the feeds as the caller passed them (an
-    array of another byte order is read from a copy, yet the caller's array must not be written either)."""
+    array of another byte order is read from a copy, yet the caller's array must not be written either);
+    ``backend`` answers for the arrays (NumPy's when not given)."""
     if buffers is None:
         return {}
+    if backend is None:
+        backend = host_backend()
     if not isinstance(buffers, Mapping):
         raise ExecutionError(f"graph '{graph.name}': outputs: expected a mapping of output name -> array, got "
                              f"{type(buffers).__name__}")
     by_name = {v.name: v for v in graph.outputs}
-    checked: dict[str, np.ndarray] = {}
+    shares = backend.may_share_memory
+    checked: dict[str, Array] = {}
     for name, buffer in buffers.items():
         if name not in by_name:
             raise ExecutionError(f"graph '{graph.name}': outputs: {name!r} is not a graph output (outputs: "
                                  f"{', '.join(by_name)})")
         value, where = by_name[name], f"graph '{graph.name}': output buffer '{name}'"
-        if not isinstance(buffer, np.ndarray):
-            raise ExecutionError(f"{where}: expected a NumPy array, got {type(buffer).__name__}")
-        if buffer.dtype != value.dtype.numpy:
-            raise ExecutionError(f"{where}: expected dtype {value.dtype}, got {buffer.dtype}")
+        if not backend.is_array(buffer):
+            raise ExecutionError(f"{where}: expected {backend.kind}, got {type(buffer).__name__}")
+        if backend.dtype_of(buffer) is not value.dtype:
+            raise ExecutionError(f"{where}: expected dtype {value.dtype}, got {backend.dtype_name(buffer)}")
         shape = concrete_shape(graph, value, bindings)
         if (shape is not None and buffer.shape != shape) or buffer.ndim != value.type.rank:
             raise ExecutionError(f"{where}: expected shape {list(shape) if shape else list(value.type.shape)}, got "
                                  f"{list(buffer.shape)}")
-        if not buffer.flags.c_contiguous or not buffer.flags.writeable:
-            raise ExecutionError(f"{where}: expected a writeable C-contiguous array (np.empty(shape, dtype) is one)")
-        _refuse_graph_memory(graph, buffer, where)
+        if not backend.is_writeable_contiguous(buffer):
+            raise ExecutionError(f"{where}: expected a writeable C-contiguous array ({backend.empty_example} is one)")
+        _refuse_graph_memory(graph, buffer, where, backend)
         for feed, array in feeds.items():
             raw = (given or {}).get(feed)
-            if (np.may_share_memory(buffer, array) and not (buffer is array and _overwrites_feed(value, feed))) or (
-                    isinstance(raw, np.ndarray) and raw is not array and np.may_share_memory(buffer, raw)):
+            if (shares(buffer, array) and not (buffer is array and _overwrites_feed(value, feed))) or (
+                    backend.is_array(raw) and raw is not array and shares(buffer, raw)):
                 raise ExecutionError(f"{where}: shares memory with feed '{feed}'; only the feed an in-place op "
                                      "overwrites (its only reader) may be its own output buffer")
         for other, earlier in checked.items():
-            if np.may_share_memory(buffer, earlier):
+            if shares(buffer, earlier):
                 raise ExecutionError(f"{where}: shares memory with the buffer of output '{other}'")
         checked[name] = buffer
     return checked
 
 
-def _refuse_graph_memory(graph: Graph, buffer: np.ndarray, where: str) -> None:
-    """ExecutionError when ``buffer`` shares memory with a graph constant or input default."""
+def _refuse_graph_memory(graph: Graph, buffer: Array, where: str, backend: ArrayBackend) -> None:
+    """ExecutionError when ``buffer`` shares memory with a graph constant or input default (host arrays)."""
     for kind, arrays in (("constant", graph.constants), ("default of input", graph.defaults)):
         for name, array in arrays.items():
-            if np.may_share_memory(buffer, array):
+            if backend.may_share_memory(buffer, array):
                 raise ExecutionError(f"{where}: shares memory with graph {kind} '{name}'; a run must not write into "
-                                     "the graph (give a buffer of its own, e.g. np.empty(shape, dtype))")
+                                     f"the graph (give a buffer of its own, e.g. {backend.empty_example})")
 
 
-def fill_output_buffers(graph: Graph, results: dict[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> None:
+def fill_output_buffers(graph: Graph, results: dict[str, Array], buffers: Mapping[str, Array],
+                        backend: ArrayBackend | None = None) -> None:
     """Put each result the runtime did not write in place into its buffer (checking a data-dependent shape)."""
+    if buffers and backend is None:
+        backend = host_backend()
     for name, buffer in buffers.items():
         result = results[name]
         if result is not buffer:
             if result.shape != buffer.shape:
                 raise ExecutionError(f"graph '{graph.name}': output buffer '{name}': the output has shape "
                                      f"{list(result.shape)}, the buffer {list(buffer.shape)}")
-            np.copyto(buffer, result)
+            backend.copy_into(buffer, result)  # type: ignore[union-attr]
             results[name] = buffer

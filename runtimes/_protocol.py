@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-import numpy as np
-
 from ..ir._core import Graph
+
+from ._arrays import Array
 
 __all__ = ["Executable", "Runtime", "get_runtime", "register_runtime", "runtime_names"]
 
@@ -15,11 +15,11 @@ __all__ = ["Executable", "Runtime", "get_runtime", "register_runtime", "runtime_
 class Executable(Protocol):
     """A graph compiled for one runtime."""
 
-    def run(self, feeds: Mapping[str, np.ndarray],
-            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Run on the given inputs; return the graph outputs by name. Feeds are never modified (except a feed
-        the caller passes as the output buffer of an in-place op). ``outputs`` are caller-provided buffers
-        (see ``runtimes._outputs``), written and returned as those outputs."""
+    def run(self, feeds: Mapping[str, object], outputs: Mapping[str, object] | None = None) -> dict[str, Array]:
+        """Run on the given inputs; return the graph outputs by name (arrays of the runtime's array backend, NumPy
+        arrays for "numpy" and "onnxruntime"). Feeds are never modified (except a feed the caller passes as the
+        output buffer of an in-place op). ``outputs`` are caller-provided buffers (see ``runtimes._outputs``),
+        written and returned as those outputs."""
         ...
 
 

@@ -10,6 +10,7 @@ from ...ir._core import Graph, Node
 
 from .._compiled import compiled_once
 from .._interpreter import InterpretedExecutable, NodeKernel
+from ._arrays import NUMPY
 from ._kernels import kernel_for
 from ._standard import standard_kernel
 
@@ -30,6 +31,7 @@ class NumpyExecutable(InterpretedExecutable):
     """A graph scheduled on the NumPy kernels (see ``InterpretedExecutable`` for the run contract)."""
 
     runtime_name = NumpyRuntime.name
+    backend = NUMPY
 
     def resolve(self, node: Node) -> tuple[NodeKernel, bool] | None:
         kernel = kernel_for(node.schema)
