@@ -10,8 +10,8 @@ from ...ir._core import Graph, Node
 
 from .._compiled import compiled_once
 from .._interpreter import InterpretedExecutable, NodeKernel
+from .._kernels import kernel_for
 from ._arrays import NUMPY
-from ._kernels import kernel_for
 from ._standard import standard_kernel
 
 __all__ = ["NumpyExecutable", "NumpyRuntime"]
@@ -34,7 +34,7 @@ class NumpyExecutable(InterpretedExecutable):
     backend = NUMPY
 
     def resolve(self, node: Node) -> tuple[NodeKernel, bool] | None:
-        kernel = kernel_for(node.schema)
+        kernel = kernel_for(self.backend, node.domain, node.op_type)
         if kernel is not None:
             return kernel, True
         if node.domain in ("", "ai.onnx"):

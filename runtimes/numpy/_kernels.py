@@ -1,4 +1,5 @@
-"""The NumPy kernel registry: each kernel registers itself against the schema it implements.
+"""The NumPy kernels' registration: each kernel registers itself against the schema it implements, into the
+registry of every backend (``runtimes._kernels``) under the NumPy backend's name.
 
 Kernels take the node's inputs positionally (None for absent ones) and its attributes by keyword;
 ops with an aliased output also take ``out=`` (a buffer the runtime owns, possibly the aliased input
@@ -16,16 +17,17 @@ from typing import TypeVar
 import numpy as np
 
 from ...schemas import OpSchema
-from ...schemas._registry import register_for
+from .._kernels import kernel_for as _kernel_for
+from .._kernels import Kernel, kernel_table, register_kernel
 from . import _pool as pool
+from ._arrays import NUMPY
 
 __all__ = ["KERNELS", "Kernel", "kernel", "kernel_for", "output_buffer", "take_rows"]
 
-Kernel = Callable[..., object]
 K = TypeVar("K", bound=Kernel)
 
-KERNELS: dict[tuple[str, str], Kernel] = {}
-"""(domain, op type) of a schema -> its NumPy kernel."""
+KERNELS: dict[tuple[str, str], Kernel] = kernel_table(NUMPY)
+"""(domain, op type) of a schema -> its NumPy kernel: the NumPy backend's live table in ``runtimes._kernels``."""
 
 
 def kernel(schema: OpSchema) -> Callable[[K], K]:
@@ -37,7 +39,7 @@ def kernel(schema: OpSchema) -> Callable[[K], K]:
     added to a declaration cannot be forgotten by its kernel."""
     def register(fn: K) -> K:
         _check_signature(schema, fn)
-        register_for(KERNELS, schema, fn, "NumPy kernels")
+        register_kernel(NUMPY, schema.domain, schema.op_type, fn)
         return fn
     return register
 
@@ -68,7 +70,7 @@ def _check_signature(schema: OpSchema, fn: Kernel) -> None:
 
 def kernel_for(schema: OpSchema) -> Kernel | None:
     """The NumPy kernel of ``schema``, or None (standard ops run on onnx.reference instead)."""
-    return KERNELS.get((schema.domain, schema.op_type))
+    return _kernel_for(NUMPY, schema.domain, schema.op_type)
 
 
 def output_buffer(outputs: tuple[np.ndarray | None, ...] | None, index: int, shape: tuple[int, ...],

@@ -1,0 +1,51 @@
+"""The kernel registry of every runtime that runs nodes on kernels: (backend, domain, op type) -> kernel.
+
+A runtime's kernel modules register into it under their backend's name (``ArrayBackend.name``: "numpy", later
+"torch"), each op at most once per backend; an interpreter asks it for the kernel of a node. The calling convention
+is ``runtimes._interpreter.NodeKernel``'s: the node's inputs positionally (None for absent ones), its attributes
+by keyword, ``out=`` for an aliased output and, when the kernel takes it, ``outputs=`` (the caller's buffers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._arrays import ArrayBackend
+
+__all__ = ["Kernel", "kernel_for", "kernel_table", "register_kernel"]
+
+Kernel = Callable[..., object]
+
+_TABLES: dict[str, dict[tuple[str, str], Kernel]] = {}
+
+
+def _name(backend: ArrayBackend | str) -> str:
+    return backend if isinstance(backend, str) else backend.name
+
+
+def kernel_table(backend: ArrayBackend | str) -> dict[tuple[str, str], Kernel]:
+    """The live table of ``backend``'s kernels, (domain, op type) -> kernel (made empty on first use). Reading it
+    is ``kernel_for``; tests may patch an entry in it."""
+    return _TABLES.setdefault(_name(backend), {})
+
+
+def register_kernel(backend: ArrayBackend | str, domain: str, op_type: str, fn: Kernel) -> Kernel:
+    """Register ``fn`` as ``backend``'s kernel of ``domain::op_type``; returns ``fn``.
+
+    Raises ValueError naming the key when that backend already has a kernel for the op (two modules claiming
+    one op is a defect, never a silent override)."""
+    table = kernel_table(backend)
+    key = (domain, op_type)
+    if key in table:
+        existing = table[key]
+        raise ValueError(f"kernel ({_name(backend)!r}, {domain!r}, {op_type!r}) is registered twice: "
+                         f"{getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', existing)!s} "
+                         f"and {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}")
+    table[key] = fn
+    return fn
+
+
+def kernel_for(backend: ArrayBackend | str, domain: str, op_type: str) -> Kernel | None:
+    """``backend``'s kernel of ``domain::op_type``, or None when it has none."""
+    table = _TABLES.get(_name(backend))
+    return None if table is None else table.get((domain, op_type))
