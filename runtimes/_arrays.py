@@ -16,7 +16,7 @@ those few inputs to the host; the rest of the run never leaves the device).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..ir._dtypes import DType
 
@@ -46,66 +46,78 @@ HostArray = Any
 read (``schemas``' ``DataContext``). Spelled ``Any`` so that the core need not import NumPy to name it."""
 
 
-class ArrayBackend(Protocol):
-    """One array library as the runtime core sees it. Every method takes and returns the backend's arrays
-    (``Array``) unless it says otherwise; none of them may be slow on small arrays (each run asks a few per
-    node)."""
+A = TypeVar("A")
+"""A backend's array type (``numpy.ndarray``, ``torch.Tensor``); an ``Array``."""
 
-    name: str
-    """Short name; the key of the backend's kernels in ``runtimes._kernels`` ("numpy", "torch", "cupy")."""
 
-    array_type: type
-    """The exact type of a plain array of the library (``numpy.ndarray``, ``torch.Tensor``): a feed of exactly
-    this type, dtype and shape is taken as it is, without ``as_array``."""
+class ArrayBackend(Protocol[A]):
+    """One array library as the runtime core sees it (``ArrayBackend[numpy.ndarray]``; the core holds an
+    ``ArrayBackend[Any]``). Every method takes and returns the backend's arrays (``A``) unless it says otherwise;
+    none of them may be slow on small arrays (each run asks a few per node)."""
 
-    kind: str
-    """How an error names the arrays wanted: "a NumPy array", "a torch tensor on cuda:0"."""
+    @property
+    def name(self) -> str:
+        """Short name; the key of the backend's kernels in ``runtimes._kernels`` ("numpy", "torch", "cupy")."""
+        ...
 
-    empty_example: str
-    """How a caller makes a fitting output buffer, for the errors refusing one: "np.empty(shape, dtype)"."""
+    @property
+    def array_type(self) -> type:
+        """The exact type of a plain array of the library (``numpy.ndarray``, ``torch.Tensor``): a feed of exactly
+        this type, dtype and shape is taken as it is, without ``as_array``."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """How an error names the arrays wanted: "a NumPy array", "a torch tensor on cuda:0"."""
+        ...
+
+    @property
+    def empty_example(self) -> str:
+        """How a caller makes a fitting output buffer, for the errors refusing one: "np.empty(shape, dtype)"."""
+        ...
 
     def is_array(self, obj: object) -> bool:
         """Whether ``obj`` is an array of this backend as it stands (a caller's output buffer must be one)."""
         ...
 
-    def as_array(self, feed: object, where: str) -> Array:
+    def as_array(self, feed: object, where: str) -> A:
         """The backend array of a value fed to a graph, converted where that is exact (a NumPy array or a
         PyTorch tensor's values, say); ``ExecutionError`` naming ``where`` otherwise. May return ``feed``."""
         ...
 
-    def from_host(self, array: HostArray) -> Array:
+    def from_host(self, array: HostArray) -> A:
         """A graph constant or input default (a NumPy array) as a backend array, for reading only; the NumPy
         backend returns it as it is (no copy), a device backend copies it to the device."""
         ...
 
-    def host_view(self, array: Array, values: bool = True) -> HostArray:
+    def host_view(self, array: A, values: bool = True) -> HostArray:
         """``array`` as a NumPy array in host memory, for a data rule; never written. With ``values`` its values (a
         view where possible, else a copy); without, the rule reads only its shape and dtype: any host array of
         that shape and dtype will do (a device backend returns a zero-strided stand-in instead of copying)."""
         ...
 
-    def dtype_of(self, array: Array) -> DType | None:
+    def dtype_of(self, array: A) -> DType | None:
         """The geir dtype of ``array``; None when it has none (float64, say)."""
         ...
 
-    def dtype_name(self, array: Array) -> str:
+    def dtype_name(self, array: A) -> str:
         """``array``'s dtype as an error names it ("float64")."""
         ...
 
-    def may_share_memory(self, a: Array, b: Array | HostArray) -> bool:
+    def may_share_memory(self, a: A, b: A | HostArray) -> bool:
         """Whether ``a`` and ``b`` may overlap in memory (False when they cannot: different devices); ``b`` may be
         a host NumPy array (a graph constant). A conservative True is allowed, a wrong False never."""
         ...
 
-    def is_writeable_contiguous(self, array: Array) -> bool:
+    def is_writeable_contiguous(self, array: A) -> bool:
         """Whether a kernel may write ``array`` as a dense C-ordered buffer (a caller's output buffer)."""
         ...
 
-    def copy(self, array: Array) -> Array:
+    def copy(self, array: A) -> A:
         """A new array of this backend with ``array``'s values (an output the run does not own)."""
         ...
 
-    def copy_into(self, buffer: Array, array: Array) -> None:
+    def copy_into(self, buffer: A, array: A) -> None:
         """Write ``array``'s values into ``buffer`` (same shape and dtype, both of this backend)."""
         ...
 
@@ -115,15 +127,16 @@ class ArrayBackend(Protocol):
         ...
 
 
-_host: ArrayBackend | None = None
+_host: ArrayBackend[Any] | None = None
 
 
-def host_backend() -> ArrayBackend:
+def host_backend() -> ArrayBackend[Any]:
     """The NumPy backend: what the checks use when a caller names no backend (the ONNX Runtime session and the
     float64 reference hold NumPy arrays). Imported on first use: the core itself imports no array library."""
     global _host
-    if _host is None:
+    host = _host
+    if host is None:
         from .numpy._arrays import NUMPY
 
-        _host = NUMPY
-    return _host
+        host = _host = NUMPY
+    return host

@@ -5,6 +5,7 @@ host NumPy views that the runtime's array backend makes (``runtimes._arrays``), 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..ir._core import Graph, Node
 from ..ir._errors import ExecutionError, GraphError
@@ -12,7 +13,7 @@ from ..ir._types import TensorType
 from ..passes import infer_node
 from ..schemas import DataContext
 
-from ._arrays import Array, ArrayBackend
+from ._arrays import Array, ArrayBackend, HostArray
 
 __all__ = ["concrete_types", "describe", "is_symbolic", "output_types_on", "validate_node_data"]
 
@@ -64,7 +65,7 @@ def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tup
 
 
 def validate_node_data(node: Node, arrays: Sequence[Array | None], attributes: Mapping[str, object] | None = None,
-                       backend: ArrayBackend | None = None) -> None:
+                       backend: ArrayBackend[Any] | None = None) -> None:
     """The node's run-time data rules (``..-D#``) on the arrays it reads (under ``attributes``, default the node's:
     an executable passes those it was compiled with); ExecutionError on bad data.
 
@@ -72,10 +73,11 @@ def validate_node_data(node: Node, arrays: Sequence[Array | None], attributes: M
     rule, with values only for the inputs whose values it reads (``validated_inputs``; of the others it reads the
     shape); without a backend ``arrays`` are NumPy arrays already."""
     if node.schema.validate is not None:
+        host: Sequence[HostArray | None] = arrays
         if backend is not None:
             names, read = node.schema.input_names, node.schema.validated_inputs
-            arrays = [None if a is None else backend.host_view(a, values=k >= len(names) or names[k] in read)
-                      for k, a in enumerate(arrays)]
-        node.schema.validate(DataContext(node.schema, node.name, arrays,
+            host = [None if a is None else backend.host_view(a, values=k >= len(names) or names[k] in read)
+                    for k, a in enumerate(arrays)]
+        node.schema.validate(DataContext(node.schema, node.name, host,
                                          node.attributes if attributes is None else attributes,
                                          location=node.location))

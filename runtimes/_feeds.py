@@ -6,6 +6,7 @@ arrays and says its dtype; this module knows no array library."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..ir._core import Graph
 from ..ir._dtypes import DType
@@ -27,7 +28,8 @@ def _static_inputs(graph: Graph) -> tuple[tuple[str, DType, tuple[int, ...]], ..
     return graph.compiled[key]  # type: ignore[return-value]
 
 
-def _exact_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBackend) -> dict[str, Array] | None:
+def _exact_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBackend[Any]
+                 ) -> dict[str, Array] | None:
     """The feeds as they are when every one is a plain array of the backend of exactly the input's dtype and static
     shape and nothing else is fed (the common case, checked in a few comparisons); None sends them to the full
     check."""
@@ -44,7 +46,7 @@ def _exact_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBacken
     return arrays
 
 
-def validate_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBackend | None = None
+def validate_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBackend[Any] | None = None
                    ) -> tuple[dict[str, Array], dict[str, int]]:
     """Check feeds against the graph inputs; return the backend's arrays and the symbol bindings.
 

@@ -73,7 +73,7 @@ class InterpretedExecutable(ABC):
     """
 
     runtime_name = "interpreter"
-    backend: ClassVar[ArrayBackend]
+    backend: ClassVar[ArrayBackend[Any]]
     """The arrays this runtime's kernels take and return (the NumPy runtime: ``runtimes.numpy._arrays.NUMPY``)."""
 
     def __init__(self, graph: Graph) -> None:

@@ -9,6 +9,7 @@ by keyword, ``out=`` for an aliased output and, when the kernel takes it, ``outp
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ._arrays import ArrayBackend
 
@@ -19,17 +20,17 @@ Kernel = Callable[..., object]
 _TABLES: dict[str, dict[tuple[str, str], Kernel]] = {}
 
 
-def _name(backend: ArrayBackend | str) -> str:
+def _name(backend: ArrayBackend[Any] | str) -> str:
     return backend if isinstance(backend, str) else backend.name
 
 
-def kernel_table(backend: ArrayBackend | str) -> dict[tuple[str, str], Kernel]:
+def kernel_table(backend: ArrayBackend[Any] | str) -> dict[tuple[str, str], Kernel]:
     """The live table of ``backend``'s kernels, (domain, op type) -> kernel (made empty on first use). Reading it
     is ``kernel_for``; tests may patch an entry in it."""
     return _TABLES.setdefault(_name(backend), {})
 
 
-def register_kernel(backend: ArrayBackend | str, domain: str, op_type: str, fn: Kernel) -> Kernel:
+def register_kernel(backend: ArrayBackend[Any] | str, domain: str, op_type: str, fn: Kernel) -> Kernel:
     """Register ``fn`` as ``backend``'s kernel of ``domain::op_type``; returns ``fn``.
 
     Raises ValueError naming the key when that backend already has a kernel for the op (two modules claiming
@@ -45,7 +46,7 @@ def register_kernel(backend: ArrayBackend | str, domain: str, op_type: str, fn: 
     return fn
 
 
-def kernel_for(backend: ArrayBackend | str, domain: str, op_type: str) -> Kernel | None:
+def kernel_for(backend: ArrayBackend[Any] | str, domain: str, op_type: str) -> Kernel | None:
     """``backend``'s kernel of ``domain::op_type``, or None when it has none."""
     table = _TABLES.get(_name(backend))
     return None if table is None else table.get((domain, op_type))

@@ -12,6 +12,7 @@ in-place run.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..ir._core import Graph, Value
 from ..ir._errors import ExecutionError
@@ -37,9 +38,9 @@ def _overwrites_feed(value: Value, feed: str) -> bool:
     return source is not None and source.producer is None and source.name == feed and len(source.uses) == 1
 
 
-def validate_output_buffers(graph: Graph, buffers: Mapping[str, object] | None, feeds: Mapping[str, Array],
+def validate_output_buffers(graph: Graph, buffers: Mapping[str, Any] | None, feeds: Mapping[str, Array],
                             bindings: Mapping[str, int], given: Mapping[str, object] | None = None,
-                            backend: ArrayBackend | None = None) -> dict[str, Array]:
+                            backend: ArrayBackend[Any] | None = None) -> dict[str, Array]:
     """The checked buffers by output name; ExecutionError naming the output and what is wrong.
 
     ``feeds`` are the arrays a run reads (``validate_feeds``), ``given`` the feeds as the caller passed them (an
@@ -84,7 +85,7 @@ def validate_output_buffers(graph: Graph, buffers: Mapping[str, object] | None, 
     return checked
 
 
-def _refuse_graph_memory(graph: Graph, buffer: Array, where: str, backend: ArrayBackend) -> None:
+def _refuse_graph_memory(graph: Graph, buffer: Array, where: str, backend: ArrayBackend[Any]) -> None:
     """ExecutionError when ``buffer`` shares memory with a graph constant or input default (host arrays)."""
     for kind, arrays in (("constant", graph.constants), ("default of input", graph.defaults)):
         for name, array in arrays.items():
@@ -94,7 +95,7 @@ def _refuse_graph_memory(graph: Graph, buffer: Array, where: str, backend: Array
 
 
 def fill_output_buffers(graph: Graph, results: dict[str, Array], buffers: Mapping[str, Array],
-                        backend: ArrayBackend | None = None) -> None:
+                        backend: ArrayBackend[Any] | None = None) -> None:
     """Put each result the runtime did not write in place into its buffer (checking a data-dependent shape)."""
     if buffers and backend is None:
         backend = host_backend()
