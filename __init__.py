@@ -12,11 +12,12 @@ from .ir._dtypes import DType, as_dtype
 from .ir._errors import ExecutionError, GeirWarning, GraphError, SourceLocation
 from .ir._types import Dim, SymbolTable, TensorType
 from .ir._core import Graph, Node, Value
-from .ir._builder import GraphBuilder
-from .ir._api import check, fuse, grad, run
 from .ir._onnx_export import save_onnx, to_onnx
-from .ir._onnx_import import from_onnx, load_onnx
-from .ir import ge, moe_indices
+from .schemas.moe import indices as moe_indices
+from .tools.builder import GraphBuilder
+from .tools.facade import check, fuse, grad, run
+from .tools.onnx_import import from_onnx, load_onnx
+from .tools import ge
 
 from .ir._onnx_schemas import register_onnx_schemas
 

@@ -11,19 +11,9 @@ import numpy as np
 
 from ._dot import graph_to_dot, render
 from ._errors import GraphError, SourceLocation
+from ._registry import get_schema
+from ._schema import Schema
 from ._types import SymbolTable, TensorType
-
-SchemaResolver = Callable[[str, str, int], Any]
-_schema_resolver: SchemaResolver | None = None
-
-
-def set_schema_resolver(resolver: SchemaResolver) -> None:
-    """Install the operator registry's lookup ``(op_type, domain, output count) -> schema``.
-
-    The core knows no op: the registry (``geir.schemas``) installs itself here when imported.
-    """
-    global _schema_resolver
-    _schema_resolver = resolver
 
 __all__ = ["Graph", "Node", "Value", "unused_name"]
 
@@ -149,11 +139,9 @@ class Node:
         return types, tuple(sorted((k, repr(v)) for k, v in self.attributes.items()))
 
     @property
-    def schema(self) -> Any:
-        if _schema_resolver is None:
-            raise GraphError(f"{self.op_type} '{self.name}': no operator registry is loaded (import geir)",
-                             node=self.name)
-        return _schema_resolver(self.op_type, self.domain, len(self.outputs))
+    def schema(self) -> Schema:
+        """The op's declaration, from the one registry (a standard op's with this node's output count)."""
+        return get_schema(self.op_type, self.domain, self.name, outputs=len(self.outputs))
 
     def __str__(self) -> str:
         outs = ", ".join(v.name if v is not None else "_" for v in self.outputs)

@@ -13,9 +13,9 @@ import os
 import numpy as np
 from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, checker, helper, numpy_helper
 
-from ..schemas import OPSET, get_schema
-from ..schemas._onnx_body import Body
-from ..schemas.lowering import LOWERINGS, LoweringSpec
+from ._onnx_body import OPSET, Body
+from ._registry import get_schema
+from ._lowering import LOWERINGS, LoweringSpec
 from ._core import CANN_DOMAIN, Graph, Node, Value, unused_name
 from ._errors import GraphError
 from ._files import write_file

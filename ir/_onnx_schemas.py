@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from onnx import TypeProto, defs, helper
 
-from ..schemas import InferContext, all_schemas
+from ._registry import all_schemas
+from ._schema import InferContext
 from ._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 
 __all__ = ["register_onnx_schemas"]

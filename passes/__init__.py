@@ -1,5 +1,6 @@
-"""Graph passes: verification, inference, dead-code elimination, target checks, autodiff (``autodiff``) and
-fusion (``fusion``), the last two reached through ``geir.grad`` and ``geir.fuse``."""
+"""Graph passes of one framework (``_infra``: each states what it requires and ensures): verification,
+inference, dead-code elimination, target checks, autodiff (``autodiff.Differentiate``) and fusion
+(``fusion.Fuse``), the last two reached through ``geir.grad`` and ``geir.fuse``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from .check_target import CheckReport, CheckTarget, Violation
 from .dead_code import EliminateDeadCode, live_nodes
 from .infer_shapes import InferShapes, infer_node
 from .verify import FillDefaults, VerifyGraph
+from .build import build, build_pipeline
 
 __all__ = [
     "CheckReport",
@@ -20,13 +22,9 @@ __all__ = [
     "PassResult",
     "VerifyGraph",
     "Violation",
+    "build",
     "build_pipeline",
     "infer_node",
     "live_nodes",
 ]
 
-
-def build_pipeline() -> PassManager:
-    """What ``GraphBuilder.build`` runs: attribute defaults, structural verification, then inference and
-    semantic rules."""
-    return PassManager([FillDefaults(), VerifyGraph(), InferShapes()])

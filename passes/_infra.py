@@ -35,10 +35,9 @@ class Pass(ABC):
     def __call__(self, graph: Graph) -> PassResult:
         missing = self.requires - graph.properties
         if missing:
-            raise GraphError(
-                f"pass {type(self).__name__} requires {sorted(missing)} on graph '{graph.name}'; "
-                f"run the passes that ensure them first"
-            )
+            remedy = ("the graph is not built: call GraphBuilder.build() first" if missing <= {"verified", "typed"}
+                      else "run the passes that ensure them first")
+            raise GraphError(f"pass {type(self).__name__} requires {sorted(missing)} on graph '{graph.name}'; {remedy}")
         before = set(graph.properties)
         result = self.call(graph)
         returned = result.graph

@@ -9,8 +9,8 @@ gets its vector-Jacobian product from the rule registered for its op, in reverse
 contributions to one value are summed with Add.
 
 Rules live with their op families (``schemas/<family>/vjp.py``, ``schemas/standard_vjp.py``) and
-register with ``schemas.vjp.register_vjp``. The derivative graph is emitted through a GraphBuilder the
-caller hands in (``geir.grad`` does), so every node is checked as it is added. A rule receives the
+register with ``schemas.vjp.register_vjp``. The derivative graph is emitted through a ``GraphEditor``, so
+every node is checked as it is added, and built at the end. A rule receives the
 ``VjpContext`` (which emits nodes into the new graph), the forward node and the cotangent of each output
 (None where none flows), and returns one cotangent (or None) per input, each of that input's type. An op
 without a rule is a GraphError naming it.
@@ -19,20 +19,20 @@ without a rule is a GraphError naming it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..ir._core import Graph, Node, Value, unused_name
+from ..ir._editor import GraphEditor
 from ..ir._errors import GraphError
 from ..ir._types import TensorType
 from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
+from ._infra import Pass, PassResult
+from .build import build
 from .dead_code import EliminateDeadCode, drop_unused_constants
 
-if TYPE_CHECKING:
-    from ..ir._builder import GraphBuilder
-
-__all__ = ["ACCOUNTED", "VjpContext", "differentiate"]
+__all__ = ["ACCOUNTED", "Differentiate", "VjpContext", "differentiate"]
 
 ACCOUNTED = object()
 """What a rule returns for an input whose cotangent it has already added to another input's (attention's KV
@@ -42,7 +42,7 @@ merge adds d_value into d_key when value is key's prefix)."""
 class VjpContext:
     """What a rule works with: the new graph's builder, the forward-to-new value map, small emitters."""
 
-    def __init__(self, builder: GraphBuilder, forward: Graph) -> None:
+    def __init__(self, builder: GraphEditor, forward: Graph) -> None:
         self.b = builder
         self.forward = forward
         self.mapping: dict[int, Value] = {}
@@ -175,14 +175,27 @@ def _cotangent_names(graph: Graph, sources: list[Value], targets: list[Value]) -
     return names
 
 
-def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str | None = None,
+class Differentiate(Pass):
+    """The pass form of ``differentiate``: its result is the derivative graph (a new graph, built)."""
+
+    requires = frozenset({"verified", "typed"})
+    ensures = frozenset({"verified", "typed"})
+
+    def __init__(self, wrt: Sequence[str] | str | None = None, outputs: Sequence[str] | str | None = None) -> None:
+        self.wrt = wrt
+        self.outputs = outputs
+
+    def call(self, graph: Graph) -> PassResult:
+        return PassResult(differentiate(graph, self.wrt, self.outputs), True)
+
+
+def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
                   outputs: Sequence[str] | str | None = None) -> Graph:
-    """The reverse-mode derivative of ``graph``, built with ``builder`` (a fresh, empty GraphBuilder): forward
-    outputs, then ``grad_<input>`` for each input of ``wrt``.
+    """The reverse-mode derivative of ``graph`` (a new graph named ``<name>_grad``): forward outputs, then
+    ``grad_<input>`` for each input of ``wrt``.
 
     Args:
         graph: a built geir graph.
-        builder: where the derivative graph is built.
         wrt: names of the floating inputs to differentiate with respect to (default: every floating input).
         outputs: names of the floating outputs that receive a cotangent input ``grad_<output>`` (default: every
             floating output; ``grad_<output>_cotangent`` where ``grad_<output>`` is a name taken already).
@@ -198,7 +211,7 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
     if not targets:
         raise GraphError(f"geir.grad: graph '{graph.name}' has no floating output to differentiate")
     order = graph.topological_order()
-    b = builder
+    b = GraphEditor(f"{graph.name}_grad")
     ctx = VjpContext(b, graph)
 
     def rewrite(node: Node, inputs: list[Value | None]) -> tuple[Value | None, ...] | None:
@@ -255,6 +268,6 @@ def differentiate(graph: Graph, builder: GraphBuilder, wrt: Sequence[str] | str 
             g = ctx.op("Identity", g)
         b.output(g, name)
         exported.append(g)
-    derivative = EliminateDeadCode()(b.build())[0]   # what the outputs differentiated do not need
+    derivative = EliminateDeadCode()(build(b))[0]   # what the outputs differentiated do not need
     drop_unused_constants(derivative, "vjp_")
     return derivative

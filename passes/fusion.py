@@ -7,7 +7,7 @@ applied in place, and what it leaves dead is unlinked at once and swept from the
 the work is linear in the graph's size (a graph is never rebuilt per match).
 
 What every match must satisfy is checked here, in one place, whatever the pattern:
-- our op, built from the match through the GraphBuilder, passes every schema rule (a rule that fails turns
+- our op, built from the match through a GraphEditor, passes every schema rule (a rule that fails turns
   the match into a near miss with the rule's message) and gives the type of the value it replaces;
 - a narrowing integer cast saturates (``Match.casts``): a fed int64 index out of int32's range stays out of
   range, never wraps into it;
@@ -31,23 +31,22 @@ semantics (index conventions, masks) and prove them in tests/passes/test_fusion_
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..ir._core import CANN_DOMAIN, Graph, Node, Value
+from ..ir._editor import GraphEditor
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._onnx_export import lowering_spec
-from ..schemas import DataContext, InferContext, get_schema
-from ..schemas.lowering import LOWERINGS, LoweringSpec
+from ..ir._lowering import LOWERINGS, LoweringSpec
+from ..ir._registry import get_schema
+from ..ir._schema import DataContext, InferContext
 from ..schemas.patterns import INT32, GraphView, Match, NearMiss, Pattern, patterns
+from ._infra import Pass, PassResult
+from .build import build
 
-if TYPE_CHECKING:
-    from ..ir._builder import GraphBuilder
-
-__all__ = ["FusionReport", "Fused", "Missed", "apply_patterns"]
+__all__ = ["Fuse", "FusionReport", "Fused", "Missed", "apply_patterns"]
 
 
 @dataclass(frozen=True)
@@ -96,10 +95,10 @@ class _Fusion:
     """One run of the pass over ``graph``: the builder extending it, the nodes each match left dead, the body
     each of our op types exports with, and the report."""
 
-    def __init__(self, graph: Graph, extend: Callable[[Graph], GraphBuilder], allow_stricter_data: bool) -> None:
+    def __init__(self, graph: Graph, allow_stricter_data: bool) -> None:
         self.graph = graph
         self.allow_stricter_data = allow_stricter_data
-        self.builder = extend(graph)
+        self.builder = GraphEditor.extend(graph)
         self.report = FusionReport(graph.name)
         self.view = GraphView(graph)
         self.count = 0
@@ -293,12 +292,27 @@ class _Fusion:
         del self.graph.constant_values[constants:]
 
 
-def apply_patterns(graph: Graph, extend: Callable[[Graph], GraphBuilder], *,
-                   allow_stricter_data: bool = False) -> FusionReport:
-    """Fuse ``graph`` in place (the caller passes a copy, and builds it after: verified, typed) with
-    ``extend = GraphBuilder.extend``; ``allow_stricter_data``: fuse where the op's run-time data rules read a value
-    that is not a constant (see the module docstring)."""
-    fusion = _Fusion(graph, extend, allow_stricter_data)
+def apply_patterns(graph: Graph, *, allow_stricter_data: bool = False) -> FusionReport:
+    """Fuse ``graph`` in place (the caller passes a copy, and builds it after: verified, typed);
+    ``allow_stricter_data``: fuse where the op's run-time data rules read a value that is not a constant (see the
+    module docstring)."""
+    fusion = _Fusion(graph, allow_stricter_data)
     while fusion.sweep():
         pass
     return fusion.report
+
+
+class Fuse(Pass):
+    """The pass form of fusion: rewrites the graph in place and builds it again; ``report`` tells what fused
+    and each near miss. ``geir.fuse`` runs it on a copy, so the caller's graph is never changed."""
+
+    requires = frozenset({"verified", "typed"})
+    ensures = frozenset({"verified", "typed"})
+
+    def __init__(self, *, allow_stricter_data: bool = False) -> None:
+        self.allow_stricter_data = allow_stricter_data
+        self.report = FusionReport("")
+
+    def call(self, graph: Graph) -> PassResult:
+        self.report = apply_patterns(graph, allow_stricter_data=self.allow_stricter_data)
+        return PassResult(build(GraphEditor.extend(graph)), bool(self.report.fused))

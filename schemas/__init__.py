@@ -4,10 +4,10 @@ registering its schemas, ONNX bodies and device restrictions; plus the schema ma
 from __future__ import annotations
 
 from ._examples import Example, all_examples
-from ._onnx_body import OPSET
-from ._registry import all_schemas, get_schema, register
-from ._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
-from ._registry import import_families
+from ..ir._onnx_body import OPSET
+from ..ir._registry import all_schemas, get_schema, register
+from ..ir._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
+from ..ir._registry import import_families
 
 from . import standard_vjp  # noqa: F401,E402  (registers the VJPs of the standard ops)
 

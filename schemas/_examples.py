@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._schema import OpSchema
+from ..ir._schema import OpSchema
 
 __all__ = ["Example", "all_examples", "register_examples"]
 

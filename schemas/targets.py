@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..ir._errors import GraphError
 
-from ._schema import InferContext, OpSchema
+from ..ir._schema import InferContext, OpSchema
 
 __all__ = ["A2", "A3", "A5", "ASCEND_TRAINING", "K9030", "KX90", "LEVELS", "P310", "TARGETS", "Finding", "TargetRule",
            "kernel_rule", "kernel_targets", "ops_with_kernels", "register_target_rules", "rules_for", "validate_target"]

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import geir
-
+from ..ir._core import Graph
+from .builder import GraphBuilder
+from .facade import fuse
 from ..ir._files import replacing
 from ..runtimes import get_runtime, runtime_names
 from ..schemas import moe, rotary, sparse_attention
@@ -141,7 +142,7 @@ def copy_baselines(op: str, case: str, src: np.ndarray, moved: float) -> list[Me
 
 
 def _compile(runtime: str, name: str, op: str, feeds: dict[str, np.ndarray], outputs: tuple[str, ...], **attrs):
-    b = geir.GraphBuilder(name)
+    b = GraphBuilder(name)
     inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}   # feeds are keyed by input name
     results = getattr(b, op)(**inputs, **attrs)
     for value, out_name in zip(results if isinstance(results, tuple) else (results,), outputs):
@@ -372,9 +373,9 @@ def overhead_measurements(quick: bool) -> list[Measurement]:
                         "geir onnxruntime": (("bare ONNX Runtime session.run", 2.0),)}, **spec.attributes())]
 
 
-def rope_graph(count: int) -> geir.Graph:
+def rope_graph(count: int) -> Graph:
     """``count`` Llama ropes (``x * cos + cat(-x2, x1) * sin``: 7 standard nodes each) over shared tables."""
-    b = geir.GraphBuilder(f"{count}_ropes")
+    b = GraphBuilder(f"{count}_ropes")
     cos, sin = b.input("cos", "float32", (1, 4, 1, 8)), b.input("sin", "float32", (1, 4, 1, 8))
     for i in range(count):
         x = b.input(f"x{i}", "float32", (1, 4, 2, 8))
@@ -394,7 +395,7 @@ def fuse_measurements(quick: bool) -> list[Measurement]:
     for count in counts:
         graph = rope_graph(count)
         name = f"{count} ropes ({len(graph.nodes)} nodes)"
-        rows.append(Measurement("geir.fuse", case, name, lambda graph=graph: geir.fuse(graph), 1e9 * len(graph.nodes),
+        rows.append(Measurement("geir.fuse", case, name, lambda graph=graph: fuse(graph), 1e9 * len(graph.nodes),
                                 "nodes/s", baseline=count == counts[0],
                                 targets=() if count == counts[0] else ((rows[0].name, 2.0),)))
     return rows

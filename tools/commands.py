@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir._api import check, fuse
+from .facade import check, fuse
 from ..ir._core import Graph
 from ..ir._dot import render
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._onnx_export import save_onnx
-from ..ir._onnx_import import load_onnx
+from .onnx_import import load_onnx
 from ..runtimes import get_runtime
 from ..schemas.targets import TARGETS
 from ..ir._files import write_file

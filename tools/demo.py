@@ -13,8 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import geir
-
+from ..ir._core import Graph
+from ..ir._dtypes import as_dtype
+from ..ir._errors import GeirWarning
+from ..ir._onnx_export import to_onnx
+from .builder import GraphBuilder
+from .facade import run
+from .onnx_import import from_onnx
 from ..runtimes import runtime_names
 from ..schemas import Example, all_examples
 from ..schemas.sparse_attention.examples import E1_KEY, E1_VALUE
@@ -25,7 +30,7 @@ TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
 """Max abs error allowed for results of magnitude <= 16 computed from rounded inputs."""
 
 
-Builder = Callable[[], tuple[geir.Graph, dict[str, np.ndarray]]]
+Builder = Callable[[], tuple[Graph, dict[str, np.ndarray]]]
 
 
 @dataclass
@@ -44,13 +49,13 @@ class DemoCase:
     def run(self, runtime: str = "numpy") -> tuple[float, bool]:
         with warnings.catch_warnings():
             if self.expected_warning:
-                warnings.filterwarnings("ignore", message=rf"\[{self.expected_warning}\]", category=geir.GeirWarning)
+                warnings.filterwarnings("ignore", message=rf"\[{self.expected_warning}\]", category=GeirWarning)
             return self._run(runtime)
 
     def _run(self, runtime: str) -> tuple[float, bool]:
         graph, feeds = self.build()
         snapshot = {k: v.copy() for k, v in feeds.items()}
-        results = geir.run(graph, feeds, runtime=runtime)
+        results = run(graph, feeds, runtime=runtime)
         if self.round_trip == "not run":
             self.round_trip = _onnx_round_trip(graph, feeds, results)
         unchanged = all(np.array_equal(snapshot[k], feeds[k]) for k in feeds)
@@ -66,10 +71,10 @@ class DemoCase:
         return error, unchanged and shapes_ok and error <= TOLERANCE[self.dtype] and self.round_trip == "same"
 
 
-def _onnx_round_trip(graph: geir.Graph, feeds: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> str:
+def _onnx_round_trip(graph: Graph, feeds: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> str:
     """Export (checked with full_check), re-import, run again: 'same' when every output is identical."""
     try:
-        again = geir.run(geir.from_onnx(geir.to_onnx(graph)), feeds)
+        again = run(from_onnx(to_onnx(graph)), feeds)
     except Exception as exc:  # reported in the table, and fails the case
         return f"error: {type(exc).__name__}"
     same = set(again) == set(results) and all(np.array_equal(again[k].view(np.uint8), results[k].view(np.uint8))
@@ -77,15 +82,15 @@ def _onnx_round_trip(graph: geir.Graph, feeds: dict[str, np.ndarray], results: d
     return "same" if same else "DIFFERENT"
 
 
-def _roundtrip_graph(dtype: str) -> Callable[[], tuple[geir.Graph, dict[str, np.ndarray]]]:
+def _roundtrip_graph(dtype: str) -> Callable[[], tuple[Graph, dict[str, np.ndarray]]]:
     """Forward then grad in one graph: with pair-duplicated tables on the unit circle, grad(fwd(x)) == x."""
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+    def build() -> tuple[Graph, dict[str, np.ndarray]]:
         angle = np.linspace(0.1, 1.4, 32)
         theta = np.concatenate([angle, angle]).reshape(1, 1, 1, 64)
-        np_dt = geir.as_dtype(dtype).numpy
+        np_dt = as_dtype(dtype).numpy
         feeds = {"x": np.tile(np.linspace(-4, 4, 64), (2, 3, 4, 1)).astype(np_dt),
                  "cos": np.cos(theta).astype(np.float32), "sin": np.sin(theta).astype(np.float32)}
-        b = geir.GraphBuilder("rope_roundtrip")
+        b = GraphBuilder("rope_roundtrip")
         x, cos, sin = (b.input(k, v.dtype, v.shape) for k, v in feeds.items())
         y = b.InplacePartialRotaryMul(x, cos, sin, rotary_mode=0, partial_slice=[0, 64])
         cos_g = b.input("cos_g", np_dt, (1, 1, 1, 64))
@@ -104,10 +109,10 @@ def _output_name(schema, index: int) -> str:
 
 def _example_graph(example: Example, dtype: str) -> Builder:
     """One node of the example's op on its inputs, cast as the example says for a run of ``dtype``."""
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
+    def build() -> tuple[Graph, dict[str, np.ndarray]]:
         schema = example.schema
-        b = geir.GraphBuilder(schema.op_type.lower())
-        feeds = {name: np.asarray(array).astype(geir.as_dtype(example.input_dtype(name, dtype)).numpy)
+        b = GraphBuilder(schema.op_type.lower())
+        feeds = {name: np.asarray(array).astype(as_dtype(example.input_dtype(name, dtype)).numpy)
                  for name, array in example.inputs.items()}
         values = {name: b.input(name, array.dtype, array.shape) for name, array in feeds.items()}
         results = b.add_node(schema, [values.get(s.name) for s in schema.inputs], dict(example.attributes))
@@ -147,8 +152,8 @@ def _sfa_train_graph(layout: str, dtype: str) -> Builder:
 
     TND runs two batches that each hold E1's data, so both must give E1's numbers.
     """
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
-        np_dt = geir.as_dtype(dtype).numpy
+    def build() -> tuple[Graph, dict[str, np.ndarray]]:
+        np_dt = as_dtype(dtype).numpy
         keys, values = E1_KEY.reshape(4, 4), E1_VALUE.reshape(4, 4)      # spec 4.9 E1, declared by the family
         batches = 1 if layout == "BSND" else 2
         if layout == "BSND":
@@ -163,7 +168,7 @@ def _sfa_train_graph(layout: str, dtype: str) -> Builder:
         if layout == "TND":
             feeds["actual_seq_lengths_query"] = np.array([1, 2], np.int32)
             feeds["actual_seq_lengths_kv"] = np.array([4, 8], np.int32)
-        b = geir.GraphBuilder(f"sfa_train_{layout.lower()}")
+        b = GraphBuilder(f"sfa_train_{layout.lower()}")
         inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}
         if layout == "TND":
             lengths = {k: inputs[k] for k in ("actual_seq_lengths_query", "actual_seq_lengths_kv")}
@@ -202,8 +207,8 @@ def sfa_graph_cases() -> list[DemoCase]:
 def _sfa_paged_graph(layout: str, dtype: str) -> Builder:
     """Spec 4.9 E1 read through a paged KV cache (4.11): E1's four keys live on page 2 of a 3-page cache
     (TND: a second batch's copy on page 0), the other rows noise, the table padded with -1."""
-    def build() -> tuple[geir.Graph, dict[str, np.ndarray]]:
-        np_dt = geir.as_dtype(dtype).numpy
+    def build() -> tuple[Graph, dict[str, np.ndarray]]:
+        np_dt = as_dtype(dtype).numpy
         rng = np.random.default_rng(0)
         keys, values = E1_KEY.reshape(4, 1, 4), E1_VALUE.reshape(4, 1, 4)
         key_cache = rng.standard_normal((3, 16, 1, 4))
@@ -220,7 +225,7 @@ def _sfa_paged_graph(layout: str, dtype: str) -> Builder:
                  "actual_seq_lengths_kv": np.full(batches, 4, np.int32)}
         if layout == "TND":
             feeds["actual_seq_lengths_query"] = np.array([1, 2], np.int32)
-        b = geir.GraphBuilder(f"sfa_paged_{layout.lower()}")
+        b = GraphBuilder(f"sfa_paged_{layout.lower()}")
         inputs = {k: b.input(k, v.dtype, v.shape) for k, v in feeds.items()}
         out, _, _ = b.SparseFlashAttention(**inputs, scale_value=0.5, sparse_mode=0, layout_query=layout,
                                            layout_kv="PA_BSND")

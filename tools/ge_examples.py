@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from ..ir import ge
-from ..ir.moe_indices import sorted_indices_from_expert_ids
+from . import ge
+from ..schemas.moe.indices import sorted_indices_from_expert_ids
 
 __all__ = ["EXAMPLES", "ExampleRun"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...schemas._registry import import_families
+from ...ir._registry import import_families
 from ._interpreter import NumpyExecutable, NumpyRuntime
 from ._kernels import KERNELS
 

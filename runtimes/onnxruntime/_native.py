@@ -38,10 +38,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ...ir._builder import GraphBuilder
+from ...ir._editor import GraphEditor
 from ...ir._errors import GeirWarning
 from ...ir._files import FileRefused, read_regular_file
 from ...ir._onnx_export import to_onnx
+from ...passes import build
 from ..numpy import NumpyRuntime
 
 __all__ = ["COMPILE_TIMEOUT_S", "find_compiler", "native_library", "native_status"]
@@ -204,7 +205,7 @@ def _counter(path: Path) -> ctypes._CFuncPtr:
 def _self_test_graph() -> tuple:
     """One graph with a node of every kernel family, its feeds, and how many native calls it makes."""
     rng = np.random.default_rng(0)
-    b = GraphBuilder("geir_native_self_test")
+    b = GraphEditor("geir_native_self_test")
     x = b.input("x", "float16", (1, 2, 2, 8))
     c = b.input("c", "float16", (1, 2, 1, 8))
     tokens = b.input("tokens", "float32", (6, 5))
@@ -237,7 +238,7 @@ def _self_test_graph() -> tuple:
              "key": rng.standard_normal((1, 4, 1, 8)).astype(np.float16),
              "blocks": np.array([[0, -1], [1, 0], [0, 1]], np.int32).reshape(1, 3, 1, 2),
              "d_out": rng.standard_normal((1, 3, 2, 8)).astype(np.float16)}
-    return b.build(), feeds, 5
+    return build(b), feeds, 5
 
 
 def _self_test(path: Path) -> None:

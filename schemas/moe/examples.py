@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir._dtypes import as_dtype
-from ...ir.moe_indices import sorted_indices_from_expert_ids
+from .indices import sorted_indices_from_expert_ids
 from .._examples import Example, register_examples
 from .schema import FORWARD, GRAD
 

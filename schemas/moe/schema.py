@@ -13,8 +13,8 @@ import numpy as np
 from ...ir._dtypes import DType
 from ...ir._types import Dim
 
-from .._registry import register
-from .._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
+from ...ir._registry import register
+from ...ir._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
 
 __all__ = ["FORWARD", "GRAD", "validate_sorted_indices"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...ir._dtypes import DType
-from .._schema import InferContext
+from ...ir._schema import InferContext
 from ..targets import A2, A3, K9030, KX90, P310, Finding, TargetRule, kernel_rule, register_target_rules
 from .schema import FORWARD, GRAD
 

@@ -9,8 +9,8 @@ parts outside the slice are concatenated back untouched.
 
 from __future__ import annotations
 
-from .._onnx_body import Body
-from ..lowering import LoweringSpec, register_lowering
+from ...ir._onnx_body import Body
+from ...ir._lowering import LoweringSpec, register_lowering
 from .schema import FORWARD, GRAD
 
 

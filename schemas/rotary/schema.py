@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from ...ir._dtypes import DType
 from ...ir._types import BroadcastError, Dim, TensorType
 
-from .._registry import register
-from .._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
+from ...ir._registry import register
+from ...ir._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
 
 __all__ = ["FORWARD", "GRAD", "ROTARY_MODES", "rotary_slice"]
 

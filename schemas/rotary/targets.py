@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._schema import InferContext
+from ...ir._schema import InferContext
 from ..targets import A2, A3, A5, ASCEND_TRAINING, Finding, TargetRule, kernel_rule, register_target_rules
 from .schema import FORWARD, GRAD, EMPTY_GRAD_SLICE_HINT, rotary_slice
 

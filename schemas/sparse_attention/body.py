@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from .._onnx_body import Body
-from ..lowering import LoweringSpec, register_lowering
+from ...ir._onnx_body import Body
+from ...ir._lowering import LoweringSpec, register_lowering
 from .schema import FORWARD, GRAD, PAGED
 
 

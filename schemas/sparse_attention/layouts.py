@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._schema import DataContext, InferContext
+from ...ir._schema import DataContext, InferContext
 
 __all__ = ["LAYOUTS", "PAGED", "attention_layout", "is_paged"]
 

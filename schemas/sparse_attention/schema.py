@@ -15,8 +15,8 @@ import numpy as np
 from ...ir._dtypes import DType
 from ...ir._types import Dim, TensorType
 
-from .._registry import register
-from .._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
+from ...ir._registry import register
+from ...ir._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
 from .layouts import LAYOUTS, PAGED, attention_layout, is_paged
 from .validation import validate
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._schema import DataContext
+from ...ir._schema import DataContext
 from .layouts import attention_layout, is_paged
 from .selection import candidates, query_rows
 

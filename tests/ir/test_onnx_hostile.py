@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import geir
 from geir import GraphError
-from geir.ir._onnx_import import MAX_IMPORTED_NODES
+from geir.tools.onnx_import import MAX_IMPORTED_NODES
 from helpers import moe_graph
 
 F32 = TensorProto.FLOAT
@@ -269,8 +269,8 @@ def test_every_subgraph_at_any_depth_counts_against_the_budget(monkeypatch):
     model = _model([helper.make_node("If", ["c"], ["y"], then_branch=branch("t", 2), else_branch=branch("e", 2))],
                    [_vi("c", (), TensorProto.BOOL)], [_vi("y", (2,))])
     # the top If, then 2 + 4 branches of a Constant and an If, and 8 leaves of a Constant and a Neg: 29 nodes
-    monkeypatch.setattr("geir.ir._onnx_import.MAX_IMPORTED_NODES", 28)
+    monkeypatch.setattr("geir.tools.onnx_import.MAX_IMPORTED_NODES", 28)
     with pytest.raises(GraphError, match="expands to more than 28 nodes"):
         geir.from_onnx(model)
-    monkeypatch.setattr("geir.ir._onnx_import.MAX_IMPORTED_NODES", 29)
+    monkeypatch.setattr("geir.tools.onnx_import.MAX_IMPORTED_NODES", 29)
     assert [n.op_type for n in geir.from_onnx(model).nodes] == ["If"]

@@ -199,7 +199,7 @@ def test_a_modifying_pass_keeps_only_what_it_preserves():
 
 def test_each_rule_runs_once_per_build(monkeypatch):
     import geir
-    from geir.schemas._schema import OpSchema
+    from geir.ir._schema import OpSchema
 
     calls = []
     original = OpSchema.infer_types

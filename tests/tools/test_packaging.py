@@ -1,5 +1,5 @@
 """A wheel (a non-editable install) ships every package of the source tree (issue 23 item 14: the hand-written
-package list missed geir.ir.ge, the op families and geir.tools.testing, so ``import geir`` failed, and with it
+package list missed geir.tools.ge, the op families and geir.tools.testing, so ``import geir`` failed, and with it
 every pytest run through the ``pytest11`` entry point)."""
 
 from __future__ import annotations

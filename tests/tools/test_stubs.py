@@ -1,4 +1,4 @@
-"""The GraphBuilder type stub is current: every op method a schema generates is declared, typed."""
+"""The GraphEditor type stub (the op methods of GraphBuilder) is current: every op method a schema generates is declared, typed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_the_checked_in_stub_is_what_the_schemas_generate():
 
 def test_the_stub_declares_every_op_and_parses():
     tree = ast.parse(STUB_PATH.read_text())
-    builder = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphBuilder")
+    builder = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphEditor")
     methods = {n.name: n for n in builder.body if isinstance(n, ast.FunctionDef)}
     for schema in all_schemas():
         method = methods[schema.op_type]

@@ -21,13 +21,14 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, checker, inliner, numpy_helper, version_converter
 from onnx.reference import ReferenceEvaluator
 
-from ..schemas import OPSET, all_schemas, get_schema
-from ._builder import GraphBuilder
-from ._core import CANN_DOMAIN, Graph, Value
-from ._errors import GraphError, first_line
-from ._files import FileRefused, read_regular_file
-from ._onnx_schemas import register_onnx_schemas
-from ._onnx_types import attribute_from_onnx, tensor_type_from_onnx
+from ..ir._onnx_body import OPSET
+from ..ir._registry import all_schemas, get_schema
+from .builder import GraphBuilder
+from ..ir._core import CANN_DOMAIN, Graph, Value
+from ..ir._errors import GraphError, first_line
+from ..ir._files import FileRefused, read_regular_file
+from ..ir._onnx_schemas import register_onnx_schemas
+from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 
 __all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx"]
 

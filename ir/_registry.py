@@ -6,8 +6,7 @@ import importlib
 import pkgutil
 from typing import TypeVar
 
-from ..ir._core import set_schema_resolver
-from ..ir._errors import GraphError
+from ._errors import GraphError
 
 from ._schema import OpSchema
 
@@ -40,7 +39,7 @@ def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, o
     whose output count varies per node, such as Split).
     """
     if domain in ("", "ai.onnx"):
-        from .standard import standard_schema
+        from ._standard import standard_schema
 
         return standard_schema(op_type, outputs)
     try:
@@ -70,5 +69,3 @@ def import_families(package: str, path: list[str], packages_only: bool = False) 
 def all_schemas() -> list[OpSchema]:
     return list(_SCHEMAS.values())
 
-
-set_schema_resolver(lambda op_type, domain, outputs: get_schema(op_type, domain, outputs=outputs))

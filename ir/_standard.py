@@ -14,10 +14,10 @@ import numpy as np
 import onnx
 from onnx import checker, defs, helper, numpy_helper, shape_inference
 
-from ..ir._dtypes import DType
-from ..ir._errors import GraphError, SourceLocation, first_line, format_rule_message
-from ..ir._onnx_types import tensor_type_from_onnx
-from ..ir._types import TensorType
+from ._dtypes import DType
+from ._errors import GraphError, SourceLocation, first_line, format_rule_message
+from ._onnx_types import tensor_type_from_onnx
+from ._types import TensorType
 
 from ._onnx_body import OPSET
 from ._schema import InferContext, InputSpec, OutputSpec

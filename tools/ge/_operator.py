@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemas import OpSchema, all_schemas, get_schema
-from .._errors import GraphError, SourceLocation, user_location
+from ...ir._registry import all_schemas, get_schema
+from ...ir._schema import OpSchema
+from ...ir._errors import GraphError, SourceLocation, user_location
 from ._tensor import Tensor, TensorDesc
 
 __all__ = ["Const", "Data", "OpNamespace", "Operator", "op"]

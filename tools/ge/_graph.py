@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._builder import GraphBuilder
-from .._core import Graph as GeirGraph
-from .._core import Value
-from .._errors import GraphError
-from .._types import TensorType
+from ..builder import GraphBuilder
+from ...ir._core import Graph as GeirGraph
+from ...ir._core import Value
+from ...ir._errors import GraphError
+from ...ir._types import TensorType
 from ._operator import Const, Data, Operator, op
 from ._tensor import FORMAT_ND, SUCCESS, UNKNOWN_DIM, Shape, Tensor, TensorDesc, ge_data_type, geir_dtype
 

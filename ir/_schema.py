@@ -5,13 +5,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..ir._dtypes import DType
-from ..ir._errors import ExecutionError, GraphError, SourceLocation, format_rule_message
-from ..ir._types import Dim, SymbolTable, TensorType
+from ._dtypes import DType
+from ._errors import ExecutionError, GraphError, SourceLocation, format_rule_message
+from ._types import Dim, SymbolTable, TensorType
 
 __all__ = [
     "REQUIRED",
@@ -22,6 +22,7 @@ __all__ = [
     "InputSpec",
     "OpSchema",
     "OutputSpec",
+    "Schema",
 ]
 
 
@@ -223,6 +224,42 @@ class DataContext(_NodeContext):
 Rule = Callable[[InferContext], None]
 
 
+class Schema(Protocol):
+    """What every layer asks of an op's declaration, ours (``OpSchema``) or a standard ONNX op's adapter
+    (``StandardOpSchema``): the one interface the registry hands out."""
+
+    @property
+    def op_type(self) -> str: ...
+    @property
+    def domain(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def doc(self) -> str: ...
+    @property
+    def inputs(self) -> tuple[InputSpec, ...]: ...
+    @property
+    def outputs(self) -> tuple[OutputSpec, ...]: ...
+    @property
+    def attributes(self) -> tuple[AttrSpec, ...]: ...
+    @property
+    def validate(self) -> Callable[[DataContext], None] | None: ...
+    @property
+    def variadic(self) -> bool: ...
+    @property
+    def max_inputs(self) -> int: ...
+
+    def input_index(self, key: int | str) -> int: ...
+    def output_index(self, key: int | str) -> int: ...
+    def raise_error(self, rule: str, node: str, subject: str, expected: object, got: object,
+                    location: SourceLocation | None) -> None: ...
+    def bind_attributes(self, given: dict[str, Any], node: str,
+                        location: SourceLocation | None = None) -> dict[str, Any]: ...
+    def check_signature(self, input_types: Sequence[TensorType | None], node: str,
+                        location: SourceLocation | None = None) -> None: ...
+    def infer_types(self, ctx: InferContext) -> tuple[TensorType | None, ...]: ...
+
+
 @dataclass(frozen=True)
 class OpSchema:
     """One operator's declaration: the single source for builder methods, checks and runtimes.
@@ -263,6 +300,11 @@ class OpSchema:
     @property
     def max_inputs(self) -> int:
         return len(self.inputs)
+
+    @property
+    def variadic(self) -> bool:
+        """Our ops have a fixed output count (a standard op such as Split may not)."""
+        return False
 
     def input_index(self, key: int | str) -> int:
         return key if isinstance(key, int) else self._input_index[key]

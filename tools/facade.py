@@ -8,14 +8,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from onnx import ModelProto
 
-from ..passes import CheckTarget
-from ..passes.autodiff import differentiate
-from ..passes.fusion import FusionReport, apply_patterns
+from ..ir._core import Graph
+from ..ir._editor import GraphEditor
+from ..ir._errors import GraphError
+from ..passes import CheckReport, CheckTarget, build
+from ..passes.autodiff import Differentiate
+from ..passes.fusion import Fuse, FusionReport
 from ..runtimes import get_runtime
-from ._builder import GraphBuilder
-from ._core import Graph
-from ._errors import GraphError
-from ._onnx_import import from_onnx
+from .onnx_import import from_onnx
 
 __all__ = ["as_graph", "check", "fuse", "grad", "run"]
 
@@ -47,7 +47,7 @@ def run(graph: GraphLike, feeds: Mapping[str, np.ndarray], runtime: str = "numpy
     return get_runtime(runtime).compile(as_graph(graph, "geir.run")).run(feeds, outputs)
 
 
-def check(graph: GraphLike, target: str, strict: bool = False):
+def check(graph: GraphLike, target: str, strict: bool = False) -> CheckReport:
     """Check a built graph (or an ONNX model or file) against one device's restrictions; return a ``CheckReport``.
 
     ``report.ok`` is False when a rule of level ``error`` is broken (the device refuses the graph); with
@@ -71,8 +71,8 @@ def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None,
     Raises:
         GraphError: an unknown or non-floating name, or an op on the way without a VJP rule (named).
     """
-    forward = as_graph(graph, "geir.grad")
-    return differentiate(forward, GraphBuilder(f"{forward.name}_grad"), wrt, outputs)
+    derivative, _ = Differentiate(wrt, outputs)(as_graph(graph, "geir.grad"))
+    return derivative
 
 
 def fuse(graph: GraphLike, *, allow_stricter_data: bool = False) -> tuple[Graph, FusionReport]:
@@ -87,6 +87,6 @@ def fuse(graph: GraphLike, *, allow_stricter_data: bool = False) -> tuple[Graph,
     constant, the match is a near miss unless ``allow_stricter_data=True``: then it fuses, and such data is
     refused with an ``ExecutionError`` when the fused graph runs (never computed into another result).
     """
-    work = GraphBuilder.copy(as_graph(graph, "geir.fuse")).build()
-    report = apply_patterns(work, GraphBuilder.extend, allow_stricter_data=allow_stricter_data)
-    return GraphBuilder.extend(work).build(), report
+    fusion = Fuse(allow_stricter_data=allow_stricter_data)
+    fused, _ = fusion(build(GraphEditor.copy(as_graph(graph, "geir.fuse"))))
+    return fused, fusion.report

@@ -1,8 +1,11 @@
-"""GraphBuilder: builds graphs the way CANN's graph mode does, one method per registered op.
+"""GraphEditor: adds inputs, constants, nodes and outputs to a graph the way CANN's graph mode does, one
+method per registered op, each node checked at once (signature, semantic rules, inference), so a bad graph
+fails at the line that built it.
 
-The op methods are generated from the schemas: ``b.InplacePartialRotaryMulGrad(dy, cos, sin,
-rotary_mode=1, partial_slice=[16, 48])``. Each call checks the node at once (signature,
-semantic rules, inference), so a bad graph fails at the line that built it.
+It is the ground floor's half of ``geir.GraphBuilder``: the passes that emit nodes (autodiff, fusion) and the
+importers use it directly; ``GraphBuilder`` (``tools/builder.py``) adds ``build()``, which runs the
+verification passes. The op methods are generated from the schemas: ``b.InplacePartialRotaryMulGrad(dy, cos,
+sin, rotary_mode=1, partial_slice=[16, 48])``.
 """
 
 from __future__ import annotations
@@ -10,29 +13,29 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
-from ..passes import build_pipeline
-from ..schemas import InferContext, OpSchema, all_schemas, get_schema
-from ..schemas.standard import variadic_output_count
+from ._registry import all_schemas, get_schema
+from ._schema import InferContext, OpSchema
+from ._standard import variadic_output_count
 from ._core import CANN_DOMAIN, Graph, Node, Value, unused_name
 from ._dtypes import DTypeLike
 from ._errors import GeirWarning, GraphError, SourceLocation, user_location
 from ._types import TensorType
 
-__all__ = ["GraphBuilder"]
+__all__ = ["GraphEditor", "OpResult"]
 
 OpResult = Value | tuple[Value | None, ...]
 
 
-class GraphBuilder:
-    """Accumulates inputs, nodes and outputs; ``build()`` verifies and returns the Graph."""
+class GraphEditor:
+    """Accumulates inputs, nodes and outputs of one graph; ``finish()`` hands the unverified graph over."""
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
-            raise GraphError(f"GraphBuilder: the graph name must be a non-empty str (ONNX requires one), got {name!r}")
+            raise GraphError(f"{type(self).__name__}: the graph name must be a non-empty str (ONNX requires one), got {name!r}")
         self._graph = Graph(name)
         self._names: set[str] = set()       # value names (inputs, node outputs)
         self._node_names: set[str] = set()  # node names: a namespace of their own, as in ONNX
@@ -41,9 +44,9 @@ class GraphBuilder:
         self._built = False
 
     @classmethod
-    def extend(cls, graph: Graph) -> GraphBuilder:
+    def extend(cls, graph: Graph) -> Self:
         """A builder that adds to an existing graph: its inputs, constants, nodes and outputs stay, their
-        names stay taken, and ``build()`` verifies the whole graph again."""
+        names stay taken, and verifying the result checks the whole graph again."""
         builder = cls(graph.name)
         builder._graph = graph
         builder._names = {v.name for v in graph.values()}
@@ -53,9 +56,9 @@ class GraphBuilder:
         return builder
 
     @classmethod
-    def copy(cls, graph: Graph, name: str | None = None) -> GraphBuilder:
+    def copy(cls, graph: Graph, name: str | None = None) -> Self:
         """A builder holding a copy of ``graph``'s inputs, constants (their arrays copied), nodes (same names,
-        attributes and value names) and outputs; ``build()`` verifies the copy. The original is not touched."""
+        attributes and value names) and outputs; verifying the result checks the copy. The original is not touched."""
         builder = cls(name or graph.name)
         builder.copy_from(graph)
         return builder
@@ -138,14 +141,14 @@ class GraphBuilder:
         self._graph.outputs.append(value)
         return value
 
-    def build(self) -> Graph:
-        """Verify the graph and infer every type (raises GraphError); the builder is then closed."""
+    def finish(self) -> Graph:
+        """Close the editor and return its graph, not yet verified (``geir.passes.build_pipeline`` does that);
+        a graph needs at least one output."""
         self._check_open()
         if not self._graph.outputs:
             raise GraphError(f"graph '{self._graph.name}': no outputs; mark at least one with output()")
-        graph, _ = build_pipeline()(self._graph)
         self._built = True
-        return graph
+        return self._graph
 
     # -- ops -----------------------------------------------------------------------------
     def op(self, op_type: str, *inputs: Value | None, domain: str | None = None, name: str | None = None,
@@ -171,7 +174,7 @@ class GraphBuilder:
             else:
                 domain = CANN_DOMAIN
         schema = get_schema(op_type, domain, name)
-        if getattr(schema, "variadic", False):
+        if schema.variadic:
             count = outputs if outputs is not None else variadic_output_count(schema, list(inputs), attributes,
                                                                               self._graph.constants)
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
@@ -202,7 +205,7 @@ class GraphBuilder:
             if schema.op_type == op_type:
                 method = _op_method(schema)
                 return method.__get__(self, type(self))
-        raise AttributeError(f"'GraphBuilder' has no attribute or registered op {op_type!r}")
+        raise AttributeError(f"'{type(self).__name__}' has no attribute or registered op {op_type!r}")
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | {s.op_type for s in all_schemas()})
@@ -276,7 +279,7 @@ class GraphBuilder:
     # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._built:
-            raise GraphError(f"graph '{self._graph.name}' is already built; start a new GraphBuilder")
+            raise GraphError(f"graph '{self._graph.name}' is already built; start a new {type(self).__name__}")
 
     def _check_value(self, value: Any, what: str) -> None:
         if not isinstance(value, Value):
@@ -310,7 +313,7 @@ def _op_method(schema: OpSchema) -> Any:
     input_names = [s.name for s in schema.inputs]
     attr_names = {s.name for s in schema.attributes}
 
-    def method(self: GraphBuilder, *args: Any, name: str | None = None, **kwargs: Any) -> OpResult:
+    def method(self: GraphEditor, *args: Any, name: str | None = None, **kwargs: Any) -> OpResult:
         named = {k: kwargs.pop(k) for k in list(kwargs) if k in input_names}
         for key in kwargs:
             if key not in attr_names:

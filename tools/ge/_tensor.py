@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import DType
-from .._errors import GraphError
+from ...ir._dtypes import DType
+from ...ir._errors import GraphError
 
 __all__ = [
     "DT_BF16", "DT_BOOL", "DT_DOUBLE", "DT_FLOAT", "DT_FLOAT16", "DT_INT16", "DT_INT32", "DT_INT64", "DT_INT8",

@@ -18,12 +18,12 @@ from typing import Any
 
 from ...runtimes import get_runtime, runtime_names
 from ...schemas.targets import TARGETS
-from .._api import check
-from .._core import Graph as GeirGraph
-from .._errors import ExecutionError, GeirWarning, GraphError
-from .._files import replacing
-from .._types import TensorType
-from .._onnx_export import to_onnx
+from ..facade import check
+from ...ir._core import Graph as GeirGraph
+from ...ir._errors import ExecutionError, GeirWarning, GraphError
+from ...ir._files import replacing
+from ...ir._types import TensorType
+from ...ir._onnx_export import to_onnx
 from ._graph import Graph, desc_of
 from ._tensor import FAILED, SUCCESS, UNKNOWN_DIM, Tensor, ge_data_type
 
