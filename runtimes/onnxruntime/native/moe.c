@@ -1,6 +1,6 @@
 /* MoE token unpermute and its gradient (spec 3.3); sorted_indices[t*K + k] is the row of slot (t, k). */
+#include "family.h"
 #include "half.h"
-#include "kernels.h"
 
 static OrtStatus* check_permutation(const char* op, const int32_t* s, int64_t m) {
   unsigned char* seen = (unsigned char*)geir_scratch((size_t)(m > 0 ? m : 1), 1);
@@ -305,7 +305,7 @@ static OrtStatus* moe_run(OrtKernelContext* ctx, const char* op, MoeJob* j, void
   return st;
 }
 
-OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx) {
+static OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx) {
   const char* op = "MoeTokenUnpermute";
   MoeJob j;
   memset(&j, 0, sizeof j);
@@ -333,7 +333,7 @@ OrtStatus* moe_forward_compute(void* kernel, OrtKernelContext* ctx) {
   return st ? st : moe_run(ctx, op, &j, moe_forward_task, j.tokens_n, j.hidden * j.topk);
 }
 
-OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
+static OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
   const char* op = "MoeTokenUnpermuteGrad";
   MoeJob j;
   memset(&j, 0, sizeof j);
@@ -374,3 +374,26 @@ OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
   return st;
 }
 
+
+/* The kernels keep no state: padded_mode is honoured by refusal (the rules reject True before any session exists,
+ * so only False reaches a kernel) and restore_shape is ignored by the contract (spec 3, MU-S3).
+ *
+ * Forward (permuted_tokens, sorted_indices, probs) -> unpermuted_tokens; grad (permuted_tokens,
+ * unpermuted_tokens_grad, sorted_indices, probs) -> (permuted_tokens_grad, probs_grad). Within one token dtype the
+ * row whose probs dtype is the token dtype comes first: the variant ONNX Runtime matches when probs is absent. */
+static const unsigned char FORWARD_TYPES[][4] = {
+    {F32, I32, F32, F32},    {F32, I32, F16, F32},    {F32, I32, BF16, F32},
+    {F16, I32, F16, F16},    {F16, I32, F32, F16},    {F16, I32, BF16, F16},
+    {BF16, I32, BF16, BF16}, {BF16, I32, F32, BF16}, {BF16, I32, F16, BF16}};
+static const unsigned char GRAD_TYPES[][6] = {
+    {F32, F32, I32, F32, F32, F32},       {F32, F32, I32, F16, F32, F16},       {F32, F32, I32, BF16, F32, BF16},
+    {F16, F16, I32, F16, F16, F16},       {F16, F16, I32, F32, F16, F32},       {F16, F16, I32, BF16, F16, BF16},
+    {BF16, BF16, I32, BF16, BF16, BF16}, {BF16, BF16, I32, F32, BF16, F32}, {BF16, BF16, I32, F16, BF16, F16}};
+
+static const GeirOpDesc OPS[] = {
+    {.name = "MoeTokenUnpermute", .n_in = 3, .n_out = 1, .optional_in = 1 << 2,
+     .attributes = "padded_mode,restore_shape", GEIR_COMBOS(FORWARD_TYPES), .compute = moe_forward_compute},
+    {.name = "MoeTokenUnpermuteGrad", .n_in = 4, .n_out = 2, .optional_in = (1 << 0) | (1 << 3),
+     .attributes = "padded_mode,restore_shape", GEIR_COMBOS(GRAD_TYPES), .compute = moe_grad_compute},
+};
+GEIR_FAMILY(moe, OPS);

@@ -1,6 +1,6 @@
-/* Registration: one OrtCustomOp per (op, dtype combination), laid out at version 17. */
-#include "kernels.h"
-#include "sfa.h"
+/* Registration: one OrtCustomOp per (op, dtype combination) of every family's table (family.h), laid out at
+ * version 17. Nothing here names a family or an op: the families are the tables _native.py lists at build time. */
+#include "family.h"
 
 typedef struct OrtCustomOp {
   uint32_t version;
@@ -27,76 +27,43 @@ typedef struct OrtCustomOp {
   int (*GetEndVersion)(const struct OrtCustomOp*);
 } OrtCustomOp;
 
-enum { K_ROPE, K_ROPE_GRAD, K_MOE, K_MOE_GRAD, K_SFA, K_SFA_GRAD };
-
 typedef struct {
   OrtCustomOp op; /* first member: ONNX Runtime passes &op back to us */
-  int kind, n_in, n_out, in_types[12], out_types[5], optional_in, optional_out;
+  const GeirOpDesc* desc;
+  const unsigned char* types; /* the row of desc->combos: input types, then output types */
 } GeirOp;
 
-static const char* op_name(const OrtCustomOp* op) {
-  static const char* names[] = {"InplacePartialRotaryMul", "InplacePartialRotaryMulGrad", "MoeTokenUnpermute",
-                                "MoeTokenUnpermuteGrad", "SparseFlashAttention", "SparseFlashAttentionGrad"};
-  return names[((const GeirOp*)op)->kind];
-}
-/* The attributes each kind's kernel honours, compared with the schemas' by a test, so an attribute added
- * to a schema and forgotten here fails that test instead of being ignored silently. MoE's padded_mode is
- * honoured by refusal: the rules reject True before any session exists, so only False reaches a kernel;
- * restore_shape is ignored by the contract (spec 3, MU-S3). The attention kernels read scale_value,
- * sparse_block_size, the layouts, sparse_mode and return_softmax_lse; pre_tokens, next_tokens,
- * attention_mode and deterministic do not change the contract's semantics (spec 4.3; the kernels are
- * always deterministic). */
-static const char* const kind_attributes[] = {
-    "rotary_mode,partial_slice", "rotary_mode,partial_slice", "padded_mode,restore_shape", "padded_mode,restore_shape",
-    "scale_value,sparse_block_size,layout_query,layout_kv,sparse_mode,pre_tokens,next_tokens,attention_mode,"
-    "return_softmax_lse",
-    "scale_value,sparse_block_size,layout,sparse_mode,pre_tokens,next_tokens,deterministic"};
+/* What ONNX Runtime holds per kernel: the descriptor and the family's own state. */
+typedef struct {
+  const GeirOpDesc* desc;
+  void* state;
+} Instance;
 
+static const GeirOpDesc* desc_of(const OrtCustomOp* op) { return ((const GeirOp*)op)->desc; }
+static const char* op_name(const OrtCustomOp* op) { return desc_of(op)->name; }
 static const char* provider(const OrtCustomOp* op) { return "CPUExecutionProvider"; }
-static int in_type(const OrtCustomOp* op, size_t i) { return ((const GeirOp*)op)->in_types[i]; }
-static size_t in_count(const OrtCustomOp* op) { return (size_t)((const GeirOp*)op)->n_in; }
-static int out_type(const OrtCustomOp* op, size_t i) { return ((const GeirOp*)op)->out_types[i]; }
-static size_t out_count(const OrtCustomOp* op) { return (size_t)((const GeirOp*)op)->n_out; }
+static int in_type(const OrtCustomOp* op, size_t i) { return ((const GeirOp*)op)->types[i]; }
+static size_t in_count(const OrtCustomOp* op) { return (size_t)desc_of(op)->n_in; }
+static int out_type(const OrtCustomOp* op, size_t i) { return ((const GeirOp*)op)->types[desc_of(op)->n_in + i]; }
+static size_t out_count(const OrtCustomOp* op) { return (size_t)desc_of(op)->n_out; }
 static int in_characteristic(const OrtCustomOp* op, size_t i) {
-  return (((const GeirOp*)op)->optional_in >> i) & 1 ? IO_OPTIONAL : IO_REQUIRED;
+  return (desc_of(op)->optional_in >> i) & 1 ? IO_OPTIONAL : IO_REQUIRED;
 }
 static int out_characteristic(const OrtCustomOp* op, size_t i) {
-  return (((const GeirOp*)op)->optional_out >> i) & 1 ? IO_OPTIONAL : IO_REQUIRED;
+  return (desc_of(op)->optional_out >> i) & 1 ? IO_OPTIONAL : IO_REQUIRED;
 }
 static int memory_type(const OrtCustomOp* op, size_t i) { return 0; }
 static int one(const OrtCustomOp* op) { return 1; }
 static int last_version(const OrtCustomOp* op) { return 2147483647; }
 
-typedef struct {
-  int kind;
-  RotaryKernel rotary;
-  SfaKernel attention;
-} Kernel;
-
 static OrtStatus* create_kernel_v2(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
-  Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
+  Instance* k = (Instance*)calloc(1, sizeof(Instance));
   if (!k) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, "out of memory");
-  k->kind = ((const GeirOp*)op)->kind;
-  if (k->kind == K_ROPE || k->kind == K_ROPE_GRAD) {
-    int64_t slice[2] = {0, 0};
-    size_t n = 2;
-    OrtStatus* st = FN(KernelInfoGetAttributeInt64Fn, SLOT_KernelInfoGetAttribute_int64)(info, "rotary_mode",
-                                                                                        &k->rotary.mode);
-    if (st) { FN(ReleaseStatusFn, SLOT_ReleaseStatus)(st); k->rotary.mode = 0; }
-    st = FN(KernelInfoGetAttributeArrayInt64Fn, SLOT_KernelInfoGetAttributeArray_int64)(info, "partial_slice", slice, &n);
-    if (st) { FN(ReleaseStatusFn, SLOT_ReleaseStatus)(st); n = 2; slice[0] = slice[1] = 0; }
-    if (n != 0 && n != 2) { free(k); return ort_error(op_name(op), "partial_slice has %ld elements", (long)n, 0, 0); }
-    k->rotary.has_slice = n == 2;
-    k->rotary.start = slice[0];
-    k->rotary.end = slice[1];
-    k->rotary.grad = k->kind == K_ROPE_GRAD;
-  }
-  if (k->kind == K_SFA || k->kind == K_SFA_GRAD) {
-    OrtStatus* st = sfa_read_attributes(info, k->kind == K_SFA_GRAD, &k->attention);
-    if (st) {
-      free(k);
-      return st;
-    }
+  k->desc = desc_of(op);
+  OrtStatus* st = k->desc->create ? k->desc->create(k->desc, info, &k->state) : NULL;
+  if (st) {
+    free(k);
+    return st;
   }
   *out = k;
   return NULL;
@@ -110,20 +77,8 @@ static void* create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKe
 }
 
 static OrtStatus* compute_v2(void* kernel, OrtKernelContext* ctx) {
-  Kernel* k = (Kernel*)kernel;
-  switch (k->kind) {
-    case K_ROPE:
-    case K_ROPE_GRAD:
-      return rotary_compute(&k->rotary, ctx);
-    case K_MOE:
-      return moe_forward_compute(k, ctx);
-    case K_MOE_GRAD:
-      return moe_grad_compute(k, ctx);
-    case K_SFA:
-      return sfa_forward_compute(&k->attention, ctx);
-    default:
-      return sfa_grad_compute(&k->attention, ctx);
-  }
+  Instance* k = (Instance*)kernel;
+  return k->desc->compute(k->state, ctx);
 }
 
 static void compute(void* kernel, OrtKernelContext* ctx) {
@@ -131,22 +86,23 @@ static void compute(void* kernel, OrtKernelContext* ctx) {
   if (st) FN(ReleaseStatusFn, SLOT_ReleaseStatus)(st);
 }
 
-static void destroy(void* kernel) { free(kernel); }
+static void destroy(void* kernel) {
+  Instance* k = (Instance*)kernel;
+  if (k && k->desc->destroy) k->desc->destroy(k->state);
+  free(k);
+}
 
-#define MAX_OPS 40
+/* One entry per (op, dtype combination) of every family; more than MAX_OPS is reported, never written. */
+#define MAX_OPS 64
 static GeirOp g_ops[MAX_OPS];
-static int g_op_count;
+static int g_op_count = -1; /* -1: not read yet, or refused */
+static char g_error[256];  /* why the tables cannot be registered; empty when they can */
 
-static void add_op(int kind, int n_in, const int* in, int n_out, const int* out, int optional_in, int optional_out) {
+static void add_op(const GeirOpDesc* desc, const unsigned char* types) {
   GeirOp* g = &g_ops[g_op_count++];
   memset(g, 0, sizeof *g);
-  g->kind = kind;
-  g->n_in = n_in;
-  g->n_out = n_out;
-  memcpy(g->in_types, in, (size_t)n_in * sizeof(int));
-  memcpy(g->out_types, out, (size_t)n_out * sizeof(int));
-  g->optional_in = optional_in;
-  g->optional_out = optional_out;
+  g->desc = desc;
+  g->types = types;
   OrtCustomOp* op = &g->op;
   op->version = GEIR_API_VERSION;
   op->CreateKernel = create_kernel;
@@ -172,33 +128,62 @@ static void add_op(int kind, int n_in, const int* in, int n_out, const int* out,
   op->GetEndVersion = last_version;
 }
 
-static void declare_ops(void) {
-  static const int floats[3] = {T_FLOAT, T_FLOAT16, T_BFLOAT16};
-  if (g_op_count) return;
-  for (int a = 0; a < 3; a++) {
-    int x = floats[a];
-    for (int b = 0; b < 3; b++) {
-      int c = floats[b];
-      int grad_in[3] = {x, c, c}, out1[1] = {x};
-      add_op(K_ROPE_GRAD, 3, grad_in, 1, out1, 0, 0);
-      if (c == x || c == T_FLOAT) add_op(K_ROPE, 3, grad_in, 1, out1, 0, 0);
+/* Why descriptor d of family f cannot be registered, written into g_error; 0 if it can. */
+static int invalid(const GeirFamily* f, const GeirOpDesc* d) {
+  const char* name = d->name ? d->name : "(unnamed)";
+  const char* why = NULL;
+  if (!d->name || !d->attributes) why = "has no name or no attribute list";
+  else if (d->n_in < 0 || d->n_in > GEIR_MAX_IO || d->n_out < 1 || d->n_out > GEIR_MAX_IO)
+    why = "has an input or output count outside 0..32 / 1..32";
+  else if ((d->n_in < 32 && d->optional_in >> d->n_in) || (d->n_out < 32 && d->optional_out >> d->n_out))
+    why = "marks an input or output optional that it does not have";
+  else if (!d->combos || d->n_combos < 1 || d->row_width != d->n_in + d->n_out)
+    why = "has no dtype table, or rows that are not one code per input and output";
+  else if (!d->compute) why = "has no compute function";
+  if (!why) return 0;
+  snprintf(g_error, sizeof g_error, "geir native library: op %s of family %s %s", name, f->name, why);
+  return 1;
+}
+
+/* Check every family's table, then lay out one entry per dtype combination. On any error nothing is registered
+ * and g_error says why (RegisterCustomOps returns it; geir_op_count is -1). */
+static void read_tables(void) {
+  long long total = 0; /* n_ops and n_combos are ints: no overflow */
+  for (int f = 0; f < geir_family_count; f++) {
+    const GeirFamily* family = geir_families[f];
+    if (!family->ops || family->n_ops < 0) {
+      snprintf(g_error, sizeof g_error, "geir native library: family %s has no op table", family->name);
+      return;
     }
-    /* within one token dtype, probs dtype == token dtype first: the variant matched when probs is absent */
-    for (int b = -1; b < 3; b++) {
-      int p = b < 0 ? x : floats[b];
-      if (b >= 0 && p == x) continue;
-      int fwd_in[3] = {x, T_INT32, p}, fwd_out[1] = {x};
-      add_op(K_MOE, 3, fwd_in, 1, fwd_out, 1 << 2, 0);
-      int grad_in[4] = {x, x, T_INT32, p}, grad_out[2] = {x, p};
-      add_op(K_MOE_GRAD, 4, grad_in, 2, grad_out, (1 << 0) | (1 << 3), 0);
+    for (int i = 0; i < family->n_ops; i++) {
+      if (invalid(family, &family->ops[i])) return;
+      total += family->ops[i].n_combos;
     }
   }
-  for (int a = 1; a < 3; a++) { /* attention: all floating tensors float16, or all bfloat16 */
-    int h = floats[a], i32 = T_INT32, f = T_FLOAT;
-    int fwd_in[10] = {h, h, h, i32, i32, i32, i32, h, h, f}, fwd_out[3] = {h, f, f};
-    add_op(K_SFA, 10, fwd_in, 3, fwd_out, 0x3f0, 0);
-    int grad_in[12] = {h, h, i32, h, h, f, f, h, i32, i32, h, h}, grad_out[5] = {h, h, h, h, h};
-    add_op(K_SFA_GRAD, 12, grad_in, 5, grad_out, 0xf80, 0x1c);
+  if (total > MAX_OPS) {
+    snprintf(g_error, sizeof g_error, "geir native library: the families declare %lld (op, dtype) kernels, more "
+             "than MAX_OPS = %d in register.c", total, MAX_OPS);
+    return;
+  }
+  g_op_count = 0;
+  for (int f = 0; f < geir_family_count; f++)
+    for (int i = 0; i < geir_families[f]->n_ops; i++) {
+      const GeirOpDesc* d = &geir_families[f]->ops[i];
+      for (int c = 0; c < d->n_combos; c++) add_op(d, d->combos + (size_t)c * (size_t)d->row_width);
+    }
+}
+
+/* read_tables once, whichever thread comes first; the others wait for it (sessions may be made concurrently). */
+static void declare_ops(void) {
+  static int state; /* 0: not read, 1: being read, 2: read */
+  int expected = 0;
+  if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 2) return;
+  if (__atomic_compare_exchange_n(&state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    read_tables();
+    __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
+    return;
+  }
+  while (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 2) {
   }
 }
 
@@ -208,6 +193,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
   if (!api) return NULL; /* older runtime: nothing registered, the function bodies run instead */
   g_api = api;
   declare_ops();
+  if (g_op_count < 0) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, g_error);
   OrtCustomOpDomain* domain = NULL;
   OrtStatus* st = FN(CreateCustomOpDomainFn, SLOT_CreateCustomOpDomain)("ai.cann", &domain);
   for (int i = 0; !st && i < g_op_count; i++) st = FN(CustomOpDomainAddFn, SLOT_CustomOpDomain_Add)(domain, &g_ops[i].op);
@@ -215,28 +201,39 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
   return st;
 }
 
-/* The registered table, for the test that compares it with the schemas' dtype combinations:
- * entry i's op name, input and output element types (ONNX TensorProto codes) and optional-input mask, and
- * (geir_op_attributes) the comma-separated attributes its kernel honours. */
+/* The registered table, for the tests that compare it with the schemas: the number of entries (-1 when the
+ * families' tables are refused: geir_registration_error says why), entry i's op name, input and output element
+ * types (ONNX TensorProto codes; in_types and out_types must hold GEIR_MAX_IO ints) and optional-input mask,
+ * its optional-output mask, and the comma-separated attributes its kernel honours. */
 int geir_op_count(void) {
   declare_ops();
   return g_op_count;
 }
 
+const char* geir_registration_error(void) {
+  declare_ops();
+  return g_error[0] ? g_error : NULL;
+}
+
 const char* geir_op_attributes(int i) {
   declare_ops();
-  return i < 0 || i >= g_op_count ? NULL : kind_attributes[g_ops[i].kind];
+  return i < 0 || i >= g_op_count ? NULL : g_ops[i].desc->attributes;
+}
+
+int geir_op_optional_outputs(int i) {
+  declare_ops();
+  return i < 0 || i >= g_op_count ? -1 : (int)g_ops[i].desc->optional_out;
 }
 
 int geir_op_entry(int i, const char** name, int* in_types, int* n_in, int* out_types, int* n_out, int* optional) {
   declare_ops();
   if (i < 0 || i >= g_op_count) return 0;
   const GeirOp* g = &g_ops[i];
-  *name = op_name(&g->op);
-  *n_in = g->n_in;
-  *n_out = g->n_out;
-  *optional = g->optional_in;
-  memcpy(in_types, g->in_types, (size_t)g->n_in * sizeof(int));
-  memcpy(out_types, g->out_types, (size_t)g->n_out * sizeof(int));
+  *name = g->desc->name;
+  *n_in = g->desc->n_in;
+  *n_out = g->desc->n_out;
+  *optional = (int)g->desc->optional_in;
+  for (int k = 0; k < g->desc->n_in; k++) in_types[k] = g->types[k];
+  for (int k = 0; k < g->desc->n_out; k++) out_types[k] = g->types[g->desc->n_in + k];
   return 1;
 }

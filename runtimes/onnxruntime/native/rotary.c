@@ -2,8 +2,14 @@
  *
  * Numerics match the NumPy runtime: float32 compute, products and sums in the same order, no FMA
  * contraction (built with -ffp-contract=off), one round-to-nearest-even per output. */
+#include "family.h"
 #include "half.h"
-#include "kernels.h"
+
+/* Attributes, read once when ONNX Runtime creates the kernel (rotary_create). */
+typedef struct {
+  int64_t mode, start, end, has_slice;
+  int grad;
+} RotaryKernel;
 
 typedef struct {
   const RotaryKernel* k;
@@ -36,7 +42,7 @@ static void rotary_tables(int64_t mode, int64_t L, int64_t* partner, float* sign
   }
 }
 
-/* The same tables with int partners, exported for the test that compares them with geir.schemas.rotary.rotation.
+/* The same tables with int partners, exported (not hidden) for the test that compares them with geir.schemas.rotary.rotation.
  * Returns 0, or -1 when its buffer cannot be allocated. */
 int geir_rotary_tables(int64_t mode, int64_t L, int* partner, float* sign) {
   int64_t* wide = (int64_t*)geir_scratch((size_t)(L > 0 ? L : 1) * sizeof(int64_t), 0);
@@ -178,7 +184,7 @@ static void rotary_task(void* user, size_t task) {
   free(buf);
 }
 
-OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
+static OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
   const RotaryKernel* k = (const RotaryKernel*)kernel;
   const char* op = k->grad ? "InplacePartialRotaryMulGrad" : "InplacePartialRotaryMul";
   RotaryJob j;
@@ -239,3 +245,42 @@ OrtStatus* rotary_compute(void* kernel, OrtKernelContext* ctx) {
   return st;
 }
 
+
+enum { FORWARD, GRAD };
+
+static OrtStatus* rotary_create(const GeirOpDesc* op, const OrtKernelInfo* info, void** state) {
+  RotaryKernel* k = (RotaryKernel*)calloc(1, sizeof(RotaryKernel));
+  if (!k) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, "out of memory");
+  int64_t slice[2] = {0, 0};
+  size_t n = 2;
+  OrtStatus* st = FN(KernelInfoGetAttributeInt64Fn, SLOT_KernelInfoGetAttribute_int64)(info, "rotary_mode", &k->mode);
+  if (st) { FN(ReleaseStatusFn, SLOT_ReleaseStatus)(st); k->mode = 0; }
+  st = FN(KernelInfoGetAttributeArrayInt64Fn, SLOT_KernelInfoGetAttributeArray_int64)(info, "partial_slice", slice, &n);
+  if (st) { FN(ReleaseStatusFn, SLOT_ReleaseStatus)(st); n = 2; slice[0] = slice[1] = 0; }
+  if (n != 0 && n != 2) { free(k); return ort_error(op->name, "partial_slice has %ld elements", (long)n, 0, 0); }
+  k->has_slice = n == 2;
+  k->start = slice[0];
+  k->end = slice[1];
+  k->grad = op->variant == GRAD;
+  *state = k;
+  return NULL;
+}
+
+/* (x, cos, sin) -> y. The forward takes cos/sin of x's dtype or float32; the grad any float dtype. */
+static const unsigned char FORWARD_TYPES[][4] = {
+    {F32, F32, F32, F32}, {F16, F32, F32, F16}, {F16, F16, F16, F16}, {BF16, F32, F32, BF16},
+    {BF16, BF16, BF16, BF16}};
+static const unsigned char GRAD_TYPES[][4] = {
+    {F32, F32, F32, F32},    {F32, F16, F16, F32},    {F32, BF16, BF16, F32},
+    {F16, F32, F32, F16},    {F16, F16, F16, F16},    {F16, BF16, BF16, F16},
+    {BF16, F32, F32, BF16}, {BF16, F16, F16, BF16}, {BF16, BF16, BF16, BF16}};
+
+static const GeirOpDesc OPS[] = {
+    {.name = "InplacePartialRotaryMul", .n_in = 3, .n_out = 1, .attributes = "rotary_mode,partial_slice",
+     GEIR_COMBOS(FORWARD_TYPES), .variant = FORWARD, .create = rotary_create, .compute = rotary_compute,
+     .destroy = free},
+    {.name = "InplacePartialRotaryMulGrad", .n_in = 3, .n_out = 1, .attributes = "rotary_mode,partial_slice",
+     GEIR_COMBOS(GRAD_TYPES), .variant = GRAD, .create = rotary_create, .compute = rotary_compute,
+     .destroy = free},
+};
+GEIR_FAMILY(rotary, OPS);

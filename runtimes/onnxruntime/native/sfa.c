@@ -14,6 +14,7 @@
  * of threads or on how the keys are split among them (no atomics, no scatter with repeated targets). */
 #include <math.h>
 
+#include "family.h"
 #include "sfa.h"
 #include "vecmath.h"
 
@@ -160,7 +161,8 @@ static int64_t pairs_per_task(const SfaPlan* p) {
   return by_work < by_spread ? by_work : by_spread;
 }
 
-OrtStatus* sfa_forward_compute(const SfaKernel* k, OrtKernelContext* ctx) {
+static OrtStatus* sfa_forward_compute(void* state, OrtKernelContext* ctx) {
+  const SfaKernel* k = (const SfaKernel*)state;
   ForwardJob job;
   memset(&job, 0, sizeof job);
   SfaPlan plan;
@@ -554,7 +556,8 @@ static OrtStatus* grad_chunks(OrtKernelContext* ctx, GradJob* job) {
   return st;
 }
 
-OrtStatus* sfa_grad_compute(const SfaKernel* k, OrtKernelContext* ctx) {
+static OrtStatus* sfa_grad_compute(void* state, OrtKernelContext* ctx) {
+  const SfaKernel* k = (const SfaKernel*)state;
   GradJob job;
   memset(&job, 0, sizeof job);
   SfaPlan plan;
@@ -593,3 +596,46 @@ OrtStatus* sfa_grad_compute(const SfaKernel* k, OrtKernelContext* ctx) {
   sfa_plan_free(p);
   return st;
 }
+
+/* ---- the family's ops ------------------------------------------------------------------------------ */
+
+enum { FORWARD, GRAD };
+
+static OrtStatus* sfa_create(const GeirOpDesc* op, const OrtKernelInfo* info, void** state) {
+  SfaKernel* k = (SfaKernel*)calloc(1, sizeof(SfaKernel));
+  if (!k) return FN(CreateStatusFn, SLOT_CreateStatus)(ORT_FAIL, "out of memory");
+  OrtStatus* st = sfa_read_attributes(info, op->variant == GRAD, k);
+  if (st) {
+    free(k);
+    return st;
+  }
+  *state = k;
+  return NULL;
+}
+
+/* All floating tensors float16, or all bfloat16; indices, block table and lengths int32; sinks and the softmax
+ * statistics float32. Forward: (query, key, value, sparse_indices, block_table, actual_seq_lengths_query,
+ * actual_seq_lengths_kv, query_rope, key_rope, sinks) -> (attention_out, softmax_max, softmax_sum). Grad: (query,
+ * key, sparse_indices, d_out, out, softmax_max, softmax_sum, value, actual_seq_lengths_query,
+ * actual_seq_lengths_kv, query_rope, key_rope) -> (d_query, d_key, d_value, d_query_rope, d_key_rope). */
+static const unsigned char FORWARD_TYPES[][13] = {
+    {F16, F16, F16, I32, I32, I32, I32, F16, F16, F32, /* -> */ F16, F32, F32},
+    {BF16, BF16, BF16, I32, I32, I32, I32, BF16, BF16, F32, /* -> */ BF16, F32, F32}};
+static const unsigned char GRAD_TYPES[][17] = {
+    {F16, F16, I32, F16, F16, F32, F32, F16, I32, I32, F16, F16, /* -> */ F16, F16, F16, F16, F16},
+    {BF16, BF16, I32, BF16, BF16, F32, F32, BF16, I32, I32, BF16, BF16, /* -> */ BF16, BF16, BF16, BF16, BF16}};
+
+/* The kernels read scale_value, sparse_block_size, the layouts, sparse_mode and return_softmax_lse; pre_tokens,
+ * next_tokens, attention_mode and deterministic do not change the contract's semantics (spec 4.3; the kernels
+ * are always deterministic). */
+static const GeirOpDesc OPS[] = {
+    {.name = "SparseFlashAttention", .n_in = 10, .n_out = 3, .optional_in = 0x3f0,
+     .attributes = "scale_value,sparse_block_size,layout_query,layout_kv,sparse_mode,pre_tokens,next_tokens,"
+                   "attention_mode,return_softmax_lse",
+     GEIR_COMBOS(FORWARD_TYPES), .variant = FORWARD, .create = sfa_create, .compute = sfa_forward_compute,
+     .destroy = free},
+    {.name = "SparseFlashAttentionGrad", .n_in = 12, .n_out = 5, .optional_in = 0xf80, .optional_out = 0x1c,
+     .attributes = "scale_value,sparse_block_size,layout,sparse_mode,pre_tokens,next_tokens,deterministic",
+     GEIR_COMBOS(GRAD_TYPES), .variant = GRAD, .create = sfa_create, .compute = sfa_grad_compute, .destroy = free},
+};
+GEIR_FAMILY(sfa, OPS);

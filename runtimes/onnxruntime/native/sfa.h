@@ -48,7 +48,4 @@ GEIR_INTERNAL OrtStatus* sfa_widen_keys(OrtKernelContext* ctx, SfaPlan* plan);
 GEIR_INTERNAL int64_t sfa_cpu_count(void);
 GEIR_INTERNAL void sfa_plan_free(SfaPlan* plan);
 
-GEIR_INTERNAL OrtStatus* sfa_forward_compute(const SfaKernel* k, OrtKernelContext* ctx);
-GEIR_INTERNAL OrtStatus* sfa_grad_compute(const SfaKernel* k, OrtKernelContext* ctx);
-
 #endif

@@ -20,8 +20,8 @@ from geir.runtimes.onnxruntime._native import CFLAGS, SOURCES, find_compiler
 from native_helpers import requires_compiler
 
 HERE = Path(__file__).parent
-NATIVE_TESTS = ("test_native.py", "test_native_sfa.py", "test_sfa_grad_determinism.py", "test_native_gemm.py",
-                "test_native_limits.py")
+NATIVE_TESTS = ("test_native.py", "test_native_families.py", "test_native_sfa.py", "test_sfa_grad_determinism.py",
+                "test_native_gemm.py", "test_native_limits.py")
 PORTABLE_FLAGS = ("-mno-avx", "-mno-avx2", "-mno-fma", "-mno-f16c")
 
 
