@@ -20,3 +20,41 @@ def run_isolated(code: str, env: dict | None = None, timeout: float = 120) -> su
     """Run ``code`` in a fresh interpreter (its own native-library state), from the repository root."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, cwd=str(Path(__file__).parents[1]), timeout=timeout)
+
+
+COPYING_COMPILER = """#!/bin/sh
+# A stand-in C compiler: compile steps (-c) write an empty object, the link step copies {library}.
+# Each run is logged, one line ("compile" or "link"), to {log}.
+out=""
+step=link
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out="$2"; shift ;;
+    -c) step=compile ;;
+  esac
+  shift
+done
+echo "$step" >> '{log}'
+if [ "$step" = compile ]; then : > "$out"; else cp '{library}' "$out"; fi
+"""
+
+
+def copying_compiler(directory: Path) -> tuple[str, Path]:
+    """A stand-in for ``CC`` whose "build" copies the library this test session built (``native_library()``, once
+    per session and machine): for the tests of the cache's trust rules, which need a library built into a cache
+    of their own, not another real compile of the same source. Returns the command and the log of its runs (one
+    line per compile step, ``link`` per library written)."""
+    from geir.runtimes.onnxruntime import native_library, native_status
+
+    library = native_library()
+    assert library is not None, native_status()
+    directory.mkdir(parents=True, exist_ok=True)
+    compiler, log = directory / "copycc", directory / "copycc.log"
+    compiler.write_text(COPYING_COMPILER.format(library=library, log=log))
+    compiler.chmod(0o755)
+    return str(compiler), log
+
+
+def links(log: Path) -> int:
+    """How many libraries the copying compiler has written."""
+    return log.read_text().split().count("link") if log.exists() else 0

@@ -1,6 +1,10 @@
 """The native library never crashes the process, never loads what geir did not build, never hangs:
 scratch-allocation failures, corrupted or planted cache files, shared cache directories, FIFOs,
-compilers that never exit, concurrent first use, and the environment switches."""
+compilers that never exit, concurrent first use, and the environment switches.
+
+The cache tests need a library built into a cache of their own, not another compile of the same source: their
+``CC`` is a stand-in that copies the library this session built (native_helpers.copying_compiler) and logs each
+"build", so a rebuild is seen in its log."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import geir
 from geir import ExecutionError
 from geir.runtimes.onnxruntime import native_library
 from helpers import moe_grad_graph, moe_graph
-from native_helpers import requires_compiler, run_isolated
+from native_helpers import copying_compiler, links, requires_compiler, run_isolated
 
 PLANTED = r"""
 #include <stdio.h>
@@ -45,6 +49,12 @@ def _status(cache: Path, **env: str) -> tuple[str | None, str, int]:
     assert result.returncode == 0, result.stderr
     path, status, warned = result.stdout.strip().splitlines()[-3:]
     return eval(path), status, int(warned)
+
+
+@pytest.fixture
+def copycc(tmp_path) -> tuple[str, Path]:
+    """The stand-in compiler (copies the session's library) and its log."""
+    return copying_compiler(tmp_path / "bin")
 
 
 @requires_compiler
@@ -112,10 +122,11 @@ def test_failed_attention_allocation_is_an_error_not_zeros(op, fail_at):
 
 @requires_compiler
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_a_damaged_cached_library_is_rebuilt_never_loaded(tmp_path, damage):
+def test_a_damaged_cached_library_is_rebuilt_never_loaded(tmp_path, damage, copycc):
+    compiler, log = copycc
     cache = tmp_path / "cache"
-    path, _, _ = _status(cache)
-    assert path is not None
+    path, _, _ = _status(cache, CC=compiler)
+    assert path is not None and links(log) == 1
     library = Path(path)
     data = bytearray(library.read_bytes())
     if damage == "truncate":
@@ -123,16 +134,17 @@ def test_a_damaged_cached_library_is_rebuilt_never_loaded(tmp_path, damage):
     else:
         data[len(data) // 2] ^= 0x40      # lands in code or tables; the hash check must catch it
         library.write_bytes(bytes(data))
-    again, status, warned = _status(cache)
+    again, status, warned = _status(cache, CC=compiler)
     assert again == path and warned == 0, status
+    assert links(log) == 2                           # built again, not loaded
     import hashlib
     assert (library.with_name(library.name + ".sha256").read_text()
             == hashlib.sha256(library.read_bytes()).hexdigest())
 
 
-def _plant(cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+def _plant(cache: Path, tmp_path: Path, compiler: str) -> tuple[Path, Path]:
     """Build once, then replace the cached library with one whose constructor writes a marker file."""
-    path, _, _ = _status(cache)
+    path, _, _ = _status(cache, CC=compiler)
     assert path is not None
     source = tmp_path / "planted.c"
     source.write_text(PLANTED)
@@ -144,21 +156,24 @@ def _plant(cache: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 
 @requires_compiler
-def test_a_planted_library_without_our_hash_is_replaced_and_never_runs(tmp_path):
+def test_a_planted_library_without_our_hash_is_replaced_and_never_runs(tmp_path, copycc):
+    compiler, log = copycc
     cache = tmp_path / "cache"
-    target, marker = _plant(cache, tmp_path)
-    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker))
+    target, marker = _plant(cache, tmp_path, compiler)
+    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker), CC=compiler)
     assert not marker.exists()
     assert path == str(target) and warned == 0, status
+    assert links(log) == 2                           # replaced by a build of ours
 
 
 @requires_compiler
-def test_a_shared_cache_directory_is_refused(tmp_path):
+def test_a_shared_cache_directory_is_refused(tmp_path, copycc):
+    compiler, _ = copycc
     cache = tmp_path / "cache"
-    target, marker = _plant(cache, tmp_path)
+    target, marker = _plant(cache, tmp_path, compiler)
     target.with_name(target.name + ".sha256").write_text(__import__("hashlib").sha256(target.read_bytes()).hexdigest())
     os.chmod(cache, 0o777)                 # as a shared /tmp-style directory is
-    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker))
+    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker), CC=compiler)
     assert not marker.exists()
     assert path is None and warned == 1
     assert "is writable by others" in status and str(cache) in status
@@ -166,23 +181,25 @@ def test_a_shared_cache_directory_is_refused(tmp_path):
 
 @requires_compiler
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
-def test_a_library_owned_by_another_user_is_refused(tmp_path):
+def test_a_library_owned_by_another_user_is_refused(tmp_path, copycc):
+    compiler, _ = copycc
     cache = tmp_path / "cache"
-    target, marker = _plant(cache, tmp_path)
+    target, marker = _plant(cache, tmp_path, compiler)
     target.with_name(target.name + ".sha256").write_text(__import__("hashlib").sha256(target.read_bytes()).hexdigest())
     os.chown(target, 65534, 65534)
-    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker))
+    path, status, warned = _status(cache, GEIR_TEST_MARKER=str(marker), CC=compiler)
     assert not marker.exists()
     assert path is None and warned == 1 and "is owned by uid 65534" in status
 
 
 @requires_compiler
-def test_a_fifo_in_the_cache_is_refused_without_hanging(tmp_path):
+def test_a_fifo_in_the_cache_is_refused_without_hanging(tmp_path, copycc):
+    compiler, _ = copycc
     cache = tmp_path / "cache"
-    path, _, _ = _status(cache)
+    path, _, _ = _status(cache, CC=compiler)
     Path(path).unlink()
     os.mkfifo(path)
-    again, status, warned = _status(cache)
+    again, status, warned = _status(cache, CC=compiler)
     assert again is None and warned == 1 and "is not a regular file" in status
     assert stat.S_ISFIFO(os.stat(path).st_mode)
 
@@ -208,7 +225,9 @@ def test_a_compiler_that_never_exits_is_stopped(tmp_path):
 
 
 @requires_compiler
-def test_concurrent_first_use_gives_every_caller_the_library(tmp_path):
+def test_concurrent_first_use_gives_every_caller_the_library(tmp_path, copycc):
+    """Eight first callers at once: one build, every caller gets its library."""
+    compiler, log = copycc
     result = run_isolated("""
         import threading
         from geir.runtimes.onnxruntime import native_library
@@ -220,9 +239,10 @@ def test_concurrent_first_use_gives_every_caller_the_library(tmp_path):
         for t in threads: t.start()
         for t in threads: t.join()
         print(len(seen), len(set(seen)), seen[0] is not None)
-    """, env={"GEIR_CACHE_DIR": str(tmp_path / "cache")}, timeout=240)
+    """, env={"GEIR_CACHE_DIR": str(tmp_path / "cache"), "CC": compiler}, timeout=240)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "8 1 True"
+    assert links(log) == 1
 
 
 @pytest.mark.parametrize("value", ["false", "No", "OFF", "0"])
