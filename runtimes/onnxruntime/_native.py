@@ -177,6 +177,20 @@ def families_source(names: tuple[str, ...]) -> str:
             f"const int geir_family_count = {len(names)};\n")
 
 
+BUILDING = "geir: building the native ONNX Runtime kernels with {compiler} (once per machine, usually {seconds})..."
+"""The one line on stderr before a real compile (a cached library is used silently)."""
+USUAL_SECONDS = "10-30 s"
+
+
+def _say_building(compiler: list[str]) -> None:
+    if sys.stderr is None:   # started with stderr closed
+        return
+    try:
+        print(BUILDING.format(compiler=Path(compiler[0]).name, seconds=USUAL_SECONDS), file=sys.stderr, flush=True)
+    except (OSError, ValueError):   # a closed or broken stderr must not cost the user the kernels
+        pass
+
+
 def _build() -> Path:
     """The cached library for this source and compiler, verified or freshly built."""
     compiler = _compiler()
@@ -190,6 +204,7 @@ def _build() -> Path:
     recorded = _read_trusted(target.with_name(target.name + ".sha256"), 64)
     if library is not None and recorded is not None and hashlib.sha256(library).hexdigest().encode() == recorded:
         return target
+    _say_building(compiler)
     fd, temp = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
     os.close(fd)
     try:

@@ -1,6 +1,6 @@
 """The native library never crashes the process, never loads what geir did not build, never hangs:
 scratch-allocation failures, corrupted or planted cache files, shared cache directories, FIFOs,
-compilers that never exit, concurrent first use, and the environment switches.
+compilers that never exit, concurrent first use, and the environment switches; a build says so on stderr.
 
 The cache tests need a library built into a cache of their own, not another compile of the same source: their
 ``CC`` is a stand-in that copies the library this session built (native_helpers.copying_compiler) and logs each
@@ -19,6 +19,7 @@ import pytest
 import geir
 from geir import ExecutionError
 from geir.runtimes.onnxruntime import native_library
+from geir.runtimes.onnxruntime._native import BUILDING, USUAL_SECONDS
 from helpers import moe_grad_graph, moe_graph
 from native_helpers import copying_compiler, links, requires_compiler, run_isolated
 
@@ -45,10 +46,19 @@ STATUS = """
 
 def _status(cache: Path, **env: str) -> tuple[str | None, str, int]:
     """(library path or None, status line, number of warnings) from a fresh interpreter."""
+    path, status, warned, _ = _status_and_stderr(cache, **env)
+    return path, status, warned
+
+
+def _status_and_stderr(cache: Path, **env: str) -> tuple[str | None, str, int, str]:
     result = run_isolated(STATUS, env={"GEIR_CACHE_DIR": str(cache), **env}, timeout=240)
     assert result.returncode == 0, result.stderr
     path, status, warned = result.stdout.strip().splitlines()[-3:]
-    return eval(path), status, int(warned)
+    return eval(path), status, int(warned), result.stderr
+
+
+def _building_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("geir: building")]
 
 
 @pytest.fixture
@@ -226,7 +236,7 @@ def test_a_compiler_that_never_exits_is_stopped(tmp_path):
 
 @requires_compiler
 def test_concurrent_first_use_gives_every_caller_the_library(tmp_path, copycc):
-    """Eight first callers at once: one build, every caller gets its library."""
+    """Eight first callers at once: one build (one line on stderr), every caller gets its library."""
     compiler, log = copycc
     result = run_isolated("""
         import threading
@@ -242,13 +252,28 @@ def test_concurrent_first_use_gives_every_caller_the_library(tmp_path, copycc):
     """, env={"GEIR_CACHE_DIR": str(tmp_path / "cache"), "CC": compiler}, timeout=240)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "8 1 True"
-    assert links(log) == 1
+    assert links(log) == 1 and len(_building_lines(result.stderr)) == 1, result.stderr
+
+
+@requires_compiler
+def test_a_build_says_what_it_does_on_stderr_once_and_a_cached_library_says_nothing(tmp_path, copycc):
+    """The first ONNX Runtime use on a machine pauses for the compiler: one line says why and for how long."""
+    compiler, log = copycc
+    cache = tmp_path / "cache"
+    path, _, warned, stderr = _status_and_stderr(cache, CC=compiler)
+    assert path is not None and warned == 0 and links(log) == 1
+    assert _building_lines(stderr) == [BUILDING.format(compiler="copycc", seconds=USUAL_SECONDS)], stderr
+    assert BUILDING.format(compiler="cc", seconds=USUAL_SECONDS) == (
+        "geir: building the native ONNX Runtime kernels with cc (once per machine, usually 10-30 s)...")
+    again, _, _, stderr = _status_and_stderr(cache, CC=compiler)     # the cached library: no build, no word
+    assert again == path and links(log) == 1 and _building_lines(stderr) == [], stderr
 
 
 @pytest.mark.parametrize("value", ["false", "No", "OFF", "0"])
 def test_geir_native_false_values_disable(tmp_path, value):
-    path, status, warned = _status(tmp_path / "cache", GEIR_NATIVE=value)
+    path, status, warned, stderr = _status_and_stderr(tmp_path / "cache", GEIR_NATIVE=value)
     assert path is None and warned == 0 and status == f"function bodies only (disabled by GEIR_NATIVE={value})"
+    assert _building_lines(stderr) == [] and not (tmp_path / "cache").exists(), stderr
 
 
 @pytest.mark.parametrize("runtime", ["numpy", "onnxruntime"])
