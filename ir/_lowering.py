@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._onnx_body import Body
-from ._registry import register_for
+from ._registry import Slot
 from ._schema import OpSchema
 
 __all__ = ["LOWERINGS", "LoweringSpec", "register_lowering"]
@@ -47,13 +47,13 @@ class LoweringSpec:
 
 
 Lowering = Callable[[Body, LoweringSpec], None]
-LOWERINGS: dict[tuple[str, str], tuple[Lowering, tuple[str, ...]]] = {}
+LOWERINGS: Slot[tuple[Lowering, tuple[str, ...]]] = Slot("ONNX lowerings")
 """(domain, op type) of a schema -> (body writer, the attributes the body is specialised on)."""
 
 
 def register_lowering(schema: OpSchema, structural_attributes: tuple[str, ...] = ()) -> Callable[[Lowering], Lowering]:
     """Register the body writer of ``schema``; ``structural_attributes`` change the body's shape."""
     def decorate(fn: Lowering) -> Lowering:
-        register_for(LOWERINGS, schema, (fn, structural_attributes), "ONNX lowerings")
+        LOWERINGS.register(schema.domain, schema.op_type, (fn, structural_attributes))
         return fn
     return decorate

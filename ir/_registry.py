@@ -1,38 +1,119 @@
-"""The operator registry: every schema, keyed by (domain, op type)."""
+"""The one registry of what geir knows per op, keyed by (domain, op type) everywhere.
+
+Each kind of thing an op may have is a typed ``Slot`` of it, declared by the module that owns the kind: the
+schema (here), its VJP rule (``schemas/vjp.py``), its ONNX lowering (``ir/_lowering.py``), the targets where
+CANN has a kernel (``schemas/targets.py``), each backend's kernel (``runtimes/_kernels.py``). An op has at most
+one entry per slot: registering a second is a ValueError naming the op, the slot and both values. Kinds an op
+has several of (device rows, worked examples, fusion patterns anchored on a standard op) are ``Rows``.
+``entry(domain, op_type)`` shows everything registered for one op.
+"""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TypeVar
+from collections.abc import Iterator, MutableMapping
+from typing import Generic, TypeVar
 
 from ._errors import GraphError
 
-from ._schema import OpSchema
+from ._schema import OpSchema, Schema
 
 T = TypeVar("T")
 
-__all__ = ["all_schemas", "get_schema", "register"]
+__all__ = ["Rows", "SCHEMAS", "Slot", "all_schemas", "entry", "get_schema", "register"]
 
-_SCHEMAS: dict[tuple[str, str], OpSchema] = {}
+Key = tuple[str, str]
+"""(domain, op type): "" is the standard ONNX domain, "ai.cann" ours."""
+
+_KINDS: dict[str, Slot[object] | Rows[object]] = {}
 
 
-def register_for(table: dict[tuple[str, str], T], schema: OpSchema, entry: T, what: str) -> T:
-    """``table[(domain, op type)] = entry``: every registry (schemas, kernels, lowerings) is keyed so,
-    and each op has at most one ``what``."""
-    key = (schema.domain, schema.op_type)
-    if key in table:
-        raise ValueError(f"op {schema.domain}::{schema.op_type} has two {what}")
-    table[key] = entry
-    return entry
+def _describe(value: object) -> str:
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(value)
+
+
+def _claim_kind(kind: Slot[T] | Rows[T]) -> None:
+    if kind.what in _KINDS:
+        raise ValueError(f"the registry already has a kind named {kind.what!r}")
+    _KINDS[kind.what] = kind  # type: ignore[assignment]
+
+
+class Slot(MutableMapping[Key, T], Generic[T]):
+    """At most one ``T`` per op. ``register`` refuses a second; reading is a mapping (a test may patch an
+    entry with ``monkeypatch.setitem``, which bypasses the check on purpose)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._table: dict[Key, T] = {}
+        _claim_kind(self)
+
+    def register(self, domain: str, op_type: str, value: T) -> T:
+        key = (domain, op_type)
+        if key in self._table:
+            raise ValueError(f"op {domain}::{op_type} has two {self.what}: {_describe(self._table[key])} and "
+                             f"{_describe(value)}")
+        self._table[key] = value
+        return value
+
+    def __getitem__(self, key: Key) -> T:
+        return self._table[key]
+
+    def __setitem__(self, key: Key, value: T) -> None:
+        self._table[key] = value
+
+    def __delitem__(self, key: Key) -> None:
+        del self._table[key]
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+class Rows(Generic[T]):
+    """Any number of ``T`` per op, kept in registration order (overall and per op)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._rows: list[tuple[Key, T]] = []
+        _claim_kind(self)
+
+    def add(self, domain: str, op_type: str, *values: T) -> None:
+        self._rows.extend(((domain, op_type), v) for v in values)
+
+    def of(self, domain: str, op_type: str) -> list[T]:
+        return [v for key, v in self._rows if key == (domain, op_type)]
+
+    def all(self) -> list[T]:
+        return [v for _, v in self._rows]
+
+
+def entry(domain: str, op_type: str) -> dict[str, object]:
+    """Everything registered for one op, by kind (a slot's value, or the list of an op's rows); kinds the op
+    has nothing of are left out."""
+    found: dict[str, object] = {}
+    for what, kind in _KINDS.items():
+        if isinstance(kind, Slot):
+            if (domain, op_type) in kind:
+                found[what] = kind[(domain, op_type)]
+        elif kind.of(domain, op_type):
+            found[what] = kind.of(domain, op_type)
+    return found
+
+
+SCHEMAS: Slot[OpSchema] = Slot("declarations")
+"""Our ops' schemas (a standard op's adapter is made on demand by ``get_schema``)."""
 
 
 def register(schema: OpSchema) -> OpSchema:
     """Add a schema; an op type may be declared only once per domain."""
-    return register_for(_SCHEMAS, schema, schema, "declarations")
+    return SCHEMAS.register(schema.domain, schema.op_type, schema)
 
 
-def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None) -> OpSchema:
+def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None) -> Schema:
     """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones.
 
     Domain "" (or "ai.onnx") gives the standard ONNX op's adapter (with ``outputs`` outputs for an op
@@ -43,9 +124,9 @@ def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, o
 
         return standard_schema(op_type, outputs)
     try:
-        return _SCHEMAS[(domain, op_type)]
+        return SCHEMAS[(domain, op_type)]
     except KeyError:
-        known = ", ".join(sorted(op for d, op in _SCHEMAS if d == domain)) or "none"
+        known = ", ".join(sorted(op for d, op in SCHEMAS if d == domain)) or "none"
         where = f" '{node}'" if node else ""
         raise GraphError(
             f"[SCH-1] {op_type}{where}: op type: expected an op of domain '{domain}' ({known}), "
@@ -67,5 +148,5 @@ def import_families(package: str, path: list[str], packages_only: bool = False) 
 
 
 def all_schemas() -> list[OpSchema]:
-    return list(_SCHEMAS.values())
+    return list(SCHEMAS.values())
 

@@ -34,6 +34,7 @@ class StandardOpSchema:
     domain = ""
     version = OPSET
     validate = None
+    validated_inputs: tuple[str, ...] = ()
     attributes: tuple = ()
 
     def __init__(self, op_type: str, outputs: int | None = None) -> None:
@@ -47,17 +48,25 @@ class StandardOpSchema:
         option = defs.OpSchema.FormalParameterOption
         self.inputs = tuple(InputSpec(p.name, _ALL, optional=p.option != option.Single) for p in self.onnx.inputs)
         formal = list(self.onnx.outputs)
-        self.variadic = bool(formal) and formal[-1].option == option.Variadic
-        """The last output repeats (Split): each node has its own count, ``standard_schema(op, outputs=n)``."""
+        self._variadic = bool(formal) and formal[-1].option == option.Variadic
         specs = [OutputSpec(p.name, optional=p.option != option.Single) for p in formal]
-        if self.variadic:
+        if self._variadic:
             count = max(outputs or 0, len(formal) - 1 + max(1, self.onnx.min_output - len(formal) + 1))
             specs = specs[:-1] + [OutputSpec(f"{formal[-1].name}_{i}") for i in range(count - len(formal) + 1)]
         self.outputs = tuple(specs)
         self.max_inputs = self.onnx.max_input
 
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+    @property
+    def variadic(self) -> bool:
+        """The last output repeats (Split): each node has its own count, ``standard_schema(op, outputs=n)``."""
+        return self._variadic
+
     def input_index(self, key: int | str) -> int:
-        return key if isinstance(key, int) else [s.name for s in self.inputs].index(key)
+        return key if isinstance(key, int) else self.input_names.index(key)
 
     def output_index(self, key: int | str) -> int:
         return key if isinstance(key, int) else [s.name for s in self.outputs].index(key)

@@ -11,23 +11,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..ir._registry import Slot
 from ._arrays import ArrayBackend
 
 __all__ = ["Kernel", "kernel_for", "kernel_table", "register_kernel"]
 
 Kernel = Callable[..., object]
 
-_TABLES: dict[str, dict[tuple[str, str], Kernel]] = {}
+_TABLES: dict[str, Slot[Kernel]] = {}
+"""Backend name -> its slot of the one registry (``ir._registry``)."""
 
 
 def _name(backend: ArrayBackend[Any] | str) -> str:
     return backend if isinstance(backend, str) else backend.name
 
 
-def kernel_table(backend: ArrayBackend[Any] | str) -> dict[tuple[str, str], Kernel]:
+def kernel_table(backend: ArrayBackend[Any] | str) -> Slot[Kernel]:
     """The live table of ``backend``'s kernels, (domain, op type) -> kernel (made empty on first use). Reading it
     is ``kernel_for``; tests may patch an entry in it."""
-    return _TABLES.setdefault(_name(backend), {})
+    name = _name(backend)
+    if name not in _TABLES:
+        _TABLES[name] = Slot(f"{name} kernels")
+    return _TABLES[name]
 
 
 def register_kernel(backend: ArrayBackend[Any] | str, domain: str, op_type: str, fn: Kernel) -> Kernel:
@@ -35,15 +40,7 @@ def register_kernel(backend: ArrayBackend[Any] | str, domain: str, op_type: str,
 
     Raises ValueError naming the key when that backend already has a kernel for the op (two modules claiming
     one op is a defect, never a silent override)."""
-    table = kernel_table(backend)
-    key = (domain, op_type)
-    if key in table:
-        existing = table[key]
-        raise ValueError(f"kernel ({_name(backend)!r}, {domain!r}, {op_type!r}) is registered twice: "
-                         f"{getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', existing)!s} "
-                         f"and {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}")
-    table[key] = fn
-    return fn
+    return kernel_table(backend).register(domain, op_type, fn)
 
 
 def kernel_for(backend: ArrayBackend[Any] | str, domain: str, op_type: str) -> Kernel | None:

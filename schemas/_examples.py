@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir._registry import Rows
 from ..ir._schema import OpSchema
 
 __all__ = ["Example", "all_examples", "register_examples"]
@@ -39,13 +40,14 @@ class Example:
         return self.dtype_overrides.get(dtype, {}).get(name, dtype)
 
 
-_EXAMPLES: list[Example] = []
+EXAMPLES: Rows[Example] = Rows("worked examples")
 
 
 def register_examples(*examples: Example) -> None:
-    _EXAMPLES.extend(examples)
+    for example in examples:
+        EXAMPLES.add(example.schema.domain, example.schema.op_type, example)
 
 
 def all_examples(schema: OpSchema | None = None) -> list[Example]:
     """Every registered example (of ``schema`` only, when given), in registration order."""
-    return [e for e in _EXAMPLES if schema is None or e.schema is schema]
+    return EXAMPLES.all() if schema is None else EXAMPLES.of(schema.domain, schema.op_type)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir._registry import Rows
 from .onnx_slice import SliceError, slice_range
 
 __all__ = ["GraphView", "Match", "NearMiss", "Pattern", "gather_ids", "normalised_ids", "patterns", "register_pattern"]
@@ -73,19 +74,20 @@ class Pattern:
     doc: str = ""
 
 
-_PATTERNS: list[Pattern] = []
+PATTERNS: Rows[Pattern] = Rows("fusion patterns anchored here")
+"""Per standard op (domain "", the anchor), the patterns tried on its nodes."""
 
 
 def register_pattern(name: str, anchor: str, doc: str = "") -> Callable:
     """Register ``match`` as the pattern ``name``, tried on every node of type ``anchor`` (in registration order)."""
     def decorate(match: Callable) -> Callable:
-        _PATTERNS.append(Pattern(name, anchor, match, doc))
+        PATTERNS.add("", anchor, Pattern(name, anchor, match, doc))
         return match
     return decorate
 
 
 def patterns() -> tuple[Pattern, ...]:
-    return tuple(_PATTERNS)
+    return tuple(PATTERNS.all())
 
 
 class GraphView:

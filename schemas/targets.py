@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir._errors import GraphError
+from ..ir._registry import Rows, Slot
 
 from ..ir._schema import InferContext, OpSchema
 
@@ -65,21 +66,23 @@ def validate_target(target: str) -> str:
     return target
 
 
-_RULES: list[TargetRule] = []
-"""Every family's rows (``schemas/<family>/targets.py`` registers them)."""
+TARGET_ROWS: Rows[TargetRule] = Rows("device restriction rows")
+"""Every family's rows (``schemas/<family>/targets.py`` registers them), per op."""
 
 
 def register_target_rules(*rules: TargetRule) -> None:
-    _RULES.extend(rules)
+    for rule in rules:
+        TARGET_ROWS.add(rule.schema.domain, rule.schema.op_type, rule)
 
 
-_KERNELS: dict[tuple[str, str], frozenset[str]] = {}
+KERNEL_TARGETS: Slot[frozenset[str]] = Slot("CANN kernel targets")
+"""(domain, op type) -> the targets where CANN has a kernel of the op."""
 
 
 def kernel_rule(rule: str, schema: OpSchema, available: frozenset[str], hint: str | None = None,
                 src: str = "code (op def)") -> TargetRule:
     """Record where ``schema`` has a kernel, and the row that refuses every other target, naming the op and it."""
-    _KERNELS[(schema.domain, schema.op_type)] = available
+    KERNEL_TARGETS.register(schema.domain, schema.op_type, available)
     shown = ", ".join(t for t in TARGETS if t in available)
 
     def no_kernel(ctx: InferContext) -> Finding:
@@ -89,16 +92,15 @@ def kernel_rule(rule: str, schema: OpSchema, available: frozenset[str], hint: st
 
 def kernel_targets(schema: OpSchema) -> frozenset[str]:
     """The targets where CANN has a kernel of ``schema``."""
-    return _KERNELS.get((schema.domain, schema.op_type), frozenset())
+    return KERNEL_TARGETS.get((schema.domain, schema.op_type), frozenset())
 
 
 def ops_with_kernels(target: str) -> list[str]:
     """The op types with a kernel on ``target``, in registration order."""
     validate_target(target)
-    return [op for (_, op), targets in _KERNELS.items() if target in targets]
+    return [op for (_, op), targets in KERNEL_TARGETS.items() if target in targets]
 
 
 def rules_for(schema: OpSchema, target: str) -> list[TargetRule]:
     """The rows of ``schema`` (matched by (domain, op type)) that bind on ``target``."""
-    key = (schema.domain, schema.op_type)
-    return [r for r in _RULES if (r.schema.domain, r.schema.op_type) == key and target in r.targets]
+    return [r for r in TARGET_ROWS.of(schema.domain, schema.op_type) if target in r.targets]

@@ -1,4 +1,4 @@
-"""The registry of vector-Jacobian products: one rule per op, declared beside its schema.
+"""The vector-Jacobian products: one rule per op, declared beside its schema, in the one registry's slot.
 
 A rule ``rule(ctx, node, out_grads) -> in_grads`` gets the autodiff context of ``passes.autodiff`` (it
 emits nodes into the derivative graph), the forward node and the cotangent of each output (None where none
@@ -13,35 +13,36 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..ir._core import CANN_DOMAIN
+from ..ir._registry import Slot
 
-__all__ = ["VjpRule", "register_vjp", "vjp_ops", "vjp_rewrite", "vjp_rule"]
+__all__ = ["VJP_REWRITES", "VJP_RULES", "VjpRule", "register_vjp", "vjp_ops", "vjp_rewrite", "vjp_rule"]
 
 VjpRule = Callable[[Any, Any, list], Sequence]
 Rewrite = Callable[[Any, Any, list], tuple]
 
-_RULES: dict[tuple[str, str], VjpRule] = {}
-_REWRITES: dict[tuple[str, str], Rewrite] = {}
+VJP_RULES: Slot[VjpRule] = Slot("VJP rules")
+VJP_REWRITES: Slot[Rewrite] = Slot("VJP rewrites of the forward node")
 
 
 def register_vjp(op_type: str, domain: str = CANN_DOMAIN, rewrite: Rewrite | None = None
                  ) -> Callable[[VjpRule], VjpRule]:
     """Register the VJP rule of ``op_type`` in ``domain`` ("" for standard ONNX ops)."""
     def decorate(rule: VjpRule) -> VjpRule:
-        _RULES[(op_type, domain)] = rule
+        VJP_RULES.register(domain, op_type, rule)
         if rewrite is not None:
-            _REWRITES[(op_type, domain)] = rewrite
+            VJP_REWRITES.register(domain, op_type, rewrite)
         return rule
     return decorate
 
 
 def vjp_rule(op_type: str, domain: str) -> VjpRule | None:
-    return _RULES.get((op_type, domain))
+    return VJP_RULES.get((domain, op_type))
 
 
 def vjp_rewrite(op_type: str, domain: str) -> Rewrite | None:
-    return _REWRITES.get((op_type, domain))
+    return VJP_REWRITES.get((domain, op_type))
 
 
 def vjp_ops() -> list[str]:
     """Every op with a rule, sorted (for the error that names an op without one)."""
-    return sorted(op for op, _ in _RULES)
+    return sorted(op for _, op in VJP_RULES)

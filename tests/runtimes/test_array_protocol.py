@@ -300,11 +300,9 @@ def test_the_registry_is_keyed_by_backend_and_refuses_a_second_kernel():
     assert registry.kernel_for("numpy", "ai.cann", ROPE_GRAD) is rotary_mul_grad
     assert registry.kernel_table("numpy") is KERNELS
     assert registry.kernel_for("no such backend", "ai.cann", ROPE_GRAD) is None
-    with pytest.raises(ValueError, match=r"kernel \('boxed-test', 'ai.cann', 'InplacePartialRotaryMulGrad'\) is "
-                                         r"registered twice"):
+    with pytest.raises(ValueError, match=r"op ai.cann::InplacePartialRotaryMulGrad has two boxed-test kernels"):
         registry.register_kernel(BOXED, "ai.cann", ROPE_GRAD, _boxed_rotary_grad)
-    with pytest.raises(ValueError, match=r"kernel \('numpy', 'ai.cann', 'InplacePartialRotaryMulGrad'\) is "
-                                         r"registered twice"):
+    with pytest.raises(ValueError, match=r"op ai.cann::InplacePartialRotaryMulGrad has two numpy kernels"):
         registry.register_kernel("numpy", "ai.cann", ROPE_GRAD, rotary_mul_grad)
     assert registry.kernel_for(BOXED, "ai.cann", ROPE_GRAD) is _boxed_rotary_grad
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import geir
-from geir.schemas.targets import LEVELS, TARGETS, _RULES, ops_with_kernels
+from geir.schemas.targets import LEVELS, TARGET_ROWS, TARGETS, ops_with_kernels
 from helpers import ROPE, moe_graph, moe_grad_graph, rotary_graph, sfa_graph
 
 ROOT = Path(__file__).parents[2]
@@ -63,7 +63,7 @@ def test_moe_unpermute_on_the_small_devices(target, dtype, hidden, topk, rules):
 
 
 def test_levels_follow_the_source_of_each_rule():
-    for rule in _RULES:
+    for rule in TARGET_ROWS.all():
         assert rule.level in LEVELS and rule.src
         if rule.warning:
             assert rule.level == "warning"
