@@ -15,7 +15,7 @@ from ..passes import CheckReport, CheckTarget, build
 from ..passes.autodiff import Differentiate
 from ..passes.fusion import Fuse, FusionReport
 from ..runtimes import get_runtime
-from .onnx_import import from_onnx
+from . import model_cache
 
 __all__ = ["as_graph", "check", "fuse", "grad", "run"]
 
@@ -27,7 +27,7 @@ def as_graph(graph: GraphLike, caller: str) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, (ModelProto, str, os.PathLike)):
-        return from_onnx(graph)
+        return model_cache.imported(graph)
     raise GraphError(f"{caller}: expected a geir Graph, an onnx.ModelProto or the path of an ONNX file, got "
                      f"{type(graph).__name__}")
 

@@ -30,7 +30,7 @@ from ..ir._files import FileRefused, read_regular_file
 from ..ir._onnx_schemas import register_onnx_schemas
 from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 
-__all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx"]
+__all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes"]
 
 MAX_MODEL_BYTES = 2**31 - 1
 """Largest file ``load_onnx`` reads (protobuf's own limit for one message)."""
@@ -48,7 +48,7 @@ def from_onnx(model: ModelProto | str | os.PathLike | bytes) -> Graph:
     if isinstance(model, (str, os.PathLike)):
         return load_onnx(model)
     if isinstance(model, (bytes, bytearray)):
-        model = _parse(bytes(model), "the given bytes")
+        model = parse_model(bytes(model), "the given bytes")
     if not isinstance(model, ModelProto):
         raise GraphError(f"from_onnx: expected an onnx.ModelProto, its bytes or a path, got {type(model).__name__}")
     try:
@@ -59,19 +59,24 @@ def from_onnx(model: ModelProto | str | os.PathLike | bytes) -> Graph:
         raise GraphError(f"cannot import ONNX model '{model.graph.name}': {type(exc).__name__}: {exc}") from exc
 
 
-def _read_model(path: str | os.PathLike) -> ModelProto:
+def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of an ONNX file, read only if it is a regular file of at most ``MAX_MODEL_BYTES``."""
     if not isinstance(path, (str, os.PathLike)):
         raise GraphError(f"load_onnx: expected a path, got {type(path).__name__}")
     try:
-        data = read_regular_file(path, MAX_MODEL_BYTES)
+        return read_regular_file(path, MAX_MODEL_BYTES)
     except FileNotFoundError as exc:
         raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: {exc.strerror}") from exc
     except FileRefused as exc:
         raise GraphError(f"cannot read ONNX file {os.fspath(path)!r}: it {exc}") from exc
-    return _parse(data, repr(os.fspath(path)))
 
 
-def _parse(data: bytes, what: str) -> ModelProto:
+def _read_model(path: str | os.PathLike) -> ModelProto:
+    return parse_model(read_model_bytes(path), repr(os.fspath(path)))
+
+
+def parse_model(data: bytes, what: str) -> ModelProto:
+    """The ModelProto in ``data``; GraphError naming ``what`` (the file, say) when protobuf cannot decode it."""
     model = ModelProto()
     try:
         model.ParseFromString(data)
