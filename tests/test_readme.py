@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -43,3 +44,39 @@ def test_every_python_block_runs_and_prints_what_the_readme_shows(tmp_path, monk
     assert len(shown) == 1
     assert shown[0] in printed, f"the README shows:\n{shown[0]}\nthe blocks printed:\n{''.join(printed)}"
     assert (tmp_path / "rope_grad.onnx").is_file() and (tmp_path / "dump_rope_grad.onnx").is_file()
+
+
+def _command_rows() -> dict[str, str]:
+    """The README's table of commands: command name -> its row."""
+    rows = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("| `geir ")]
+    return {row.split("`")[1].split()[1]: re.split(r"(?<!\\)\|", row)[1] for row in rows}   # \| is a literal bar
+
+
+def _parser_options() -> dict[str, list[tuple[str, ...]]]:
+    """Each command's options, as the spellings of each (``("-o", "--output")``)."""
+    from geir.tools.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices   # argparse's subparsers
+    return {name: [tuple(a.option_strings) for a in sub._actions if a.option_strings and a.dest != "help"]
+            for name, sub in commands.items()}
+
+
+FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z-]*)")
+
+
+def test_the_readme_lists_every_command_with_every_option_the_cli_has():
+    rows, options = _command_rows(), _parser_options()
+    assert set(rows) == set(options)
+    for name, row in rows.items():
+        shown = set(FLAG.findall(row))
+        assert [o for o in options[name] if not shown & set(o)] == [], f"geir {name}: options the README omits"
+        assert shown <= {s for o in options[name] for s in o}, f"geir {name}: options the CLI does not have"
+
+
+def test_every_command_and_option_in_the_readme_is_exercised_by_the_cli_tests():
+    tests = "".join(path.read_text() for path in (README.parent / "tests").rglob("test_*.py"))
+    for name, row in _command_rows().items():
+        assert f'"{name}"' in tests, f"no CLI test runs geir {name}"
+        for option in FLAG.findall(row):
+            assert f'"{option}' in tests, f"no CLI test passes geir {name} {option}"

@@ -213,6 +213,27 @@ def test_fuse_into_its_own_input_keeps_it_when_the_export_fails(rope_model, monk
     assert model.read_bytes() == before and sorted(p.name for p in model.parent.iterdir()) == [model.name]
 
 
+def test_fuse_allow_stricter_data_fuses_what_fed_indices_keep_a_near_miss(tmp_path, capsys):
+    """Fed MoE indices: without the flag the match is a near miss (the op refuses indices the subgraph takes);
+    with it the model holds the op, and the report says so."""
+    b = geir.GraphBuilder("moe")
+    permuted, idx = b.input("permuted", "float32", (6, 4)), b.input("idx", "int32", (6,))
+    shape, axes = b.constant("shape", np.array([3, 2, 4], np.int64)), b.constant("axes", np.array([1], np.int64))
+    rows = b.op("Reshape", b.op("Gather", permuted, idx, axis=0), shape)
+    b.output(b.op("ReduceSum", rows, axes, keepdims=0), "y")
+    source = tmp_path / "moe.onnx"
+    geir.save_onnx(b.build(), str(source))
+    ops = {}
+    for flags in ((), ("--allow-stricter-data",)):
+        out = tmp_path / f"fused{len(flags)}.onnx"
+        assert main(["fuse", str(source), str(out), *flags]) == 0
+        ops[flags] = [n.op_type for n in geir.load_onnx(str(out)).nodes]
+        ops[flags, "report"] = capsys.readouterr().out
+    assert "MoeTokenUnpermute" not in ops[()] and "missed" in ops[(), "report"]
+    assert "MoeTokenUnpermute" in ops[("--allow-stricter-data",)]
+    assert "1 fused" in ops[("--allow-stricter-data",), "report"]
+
+
 def test_run_output_is_replaced_whole_or_not_at_all(rope_model, tmp_path, monkeypatch, capsys):
     """A write that fails half way (a full disk) keeps the previous --output file and exits 2 with one line."""
     _, model = rope_model
