@@ -252,6 +252,8 @@ class Schema(Protocol):
     def variadic(self) -> bool: ...
     @property
     def max_inputs(self) -> int: ...
+    @property
+    def exact_across_runtimes(self) -> bool: ...
 
     def input_index(self, key: int | str) -> int: ...
     def output_index(self, key: int | str) -> int: ...
@@ -287,6 +289,9 @@ class OpSchema:
     domain: str = "ai.cann"
     version: int = 1
     doc: str = ""
+    exact_across_runtimes: bool = False
+    """Every runtime gives the same bits (the contract fixes every rounding: no reduction whose order a runtime
+    may choose). ``geir.testing.run_all_runtimes`` holds a graph of such ops to bit equality."""
     _input_index: dict[str, int] = field(init=False, repr=False, compare=False)
     _output_index: dict[str, int] = field(init=False, repr=False, compare=False)
 

@@ -35,6 +35,7 @@ class StandardOpSchema:
     version = OPSET
     validate = None
     validated_inputs: tuple[str, ...] = ()
+    exact_across_runtimes = False   # ONNX Runtime and onnx.reference may round or sum in other orders
     attributes: tuple = ()
 
     def __init__(self, op_type: str, outputs: int | None = None) -> None:

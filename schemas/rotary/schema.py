@@ -126,6 +126,7 @@ def _declare(op_type: str, tensor: str, combos: tuple[tuple[DType, DType, DType]
         infer=_infer,
         check=_check,
         doc=doc,
+        exact_across_runtimes=True,   # elementwise, every rounding fixed by the contract (spec 2.4)
     ))
 
 

@@ -323,3 +323,34 @@ def test_the_pytest_plugin_parametrises_over_runtimes(tmp_path, args, expect):
                             capture_output=True, text=True, cwd=tmp_path, timeout=300,
                             env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
     assert expect in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def _one_ulp_off_on_onnxruntime(monkeypatch):
+    """ONNX Runtime's executables return the first floating output one ulp away (in its last element)."""
+    from geir.runtimes.onnxruntime import OnnxRuntimeExecutable
+
+    real = OnnxRuntimeExecutable.run
+
+    def nudged(self, feeds, outputs=None):
+        results = real(self, feeds, outputs)
+        name = next(k for k, v in results.items() if v.dtype == np.float32)
+        results[name] = results[name].copy()
+        results[name].reshape(-1)[-1] = np.nextafter(results[name].reshape(-1)[-1], np.float32(np.inf))
+        return results
+    monkeypatch.setattr(OnnxRuntimeExecutable, "run", nudged)
+
+
+def test_run_all_runtimes_holds_ops_exact_across_runtimes_to_the_bit(monkeypatch):
+    """Exactness is the schema's word: rotary says every runtime gives the same bits, MoE does not (its weighted
+    sums may round in another order), so one ulp fails the first and passes the second."""
+    rope = rotary_graph(ROPE_GRAD, (1, 2, 2, 8), (1, 2, 1, 8), rotary_mode=1, partial_slice=[0, 8])
+    moe = moe_graph(6, 4, 6, probs_shape=(3, 2))
+    assert all(n.schema.exact_across_runtimes for n in rope.nodes)
+    assert not any(n.schema.exact_across_runtimes for n in moe.nodes)
+    testing.run_all_runtimes(rope, random_feeds(rope))
+    _one_ulp_off_on_onnxruntime(monkeypatch)
+    with pytest.raises(AssertionError, match="fail bit_exact"):
+        testing.run_all_runtimes(rope, random_feeds(rope))
+    feeds = random_feeds(moe)
+    feeds[moe.inputs[1].name] = np.random.default_rng(0).permutation(6).astype(np.int32)
+    testing.run_all_runtimes(moe, feeds)

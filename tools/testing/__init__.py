@@ -10,6 +10,6 @@ from __future__ import annotations
 
 from ._compare import STANDARDS, assert_close, precision_standard
 from ._reference import reference
-from ._runtimes import BIT_EXACT_OPS, run_all_runtimes
+from ._runtimes import run_all_runtimes
 
-__all__ = ["BIT_EXACT_OPS", "STANDARDS", "assert_close", "precision_standard", "reference", "run_all_runtimes"]
+__all__ = ["STANDARDS", "assert_close", "precision_standard", "reference", "run_all_runtimes"]

@@ -8,23 +8,19 @@ import numpy as np
 
 from ...ir._core import Graph
 from ...runtimes import get_runtime, runtime_names
-from ...schemas import rotary
 from ._compare import assert_close
 
-__all__ = ["BIT_EXACT_OPS", "run_all_runtimes"]
-
-BIT_EXACT_OPS = frozenset({(rotary.FORWARD.domain, rotary.FORWARD.op_type), (rotary.GRAD.domain, rotary.GRAD.op_type)})
-"""Graphs of only these ops give the same bits on every runtime (the README's promise)."""
+__all__ = ["run_all_runtimes"]
 
 
 def run_all_runtimes(graph: Graph, feeds: Mapping[str, np.ndarray], *, standard: str = "precision_standard",
                      compute_count: int = 0) -> dict[str, np.ndarray]:
     """Run ``graph`` on every runtime, assert that each agrees with the first (the same output names, dtypes and
-    shapes; bit for bit for a graph of rotary ops only and for every non-floating output, else within
+    shapes; bit for bit for a graph of ops whose schemas say ``exact_across_runtimes`` and for every non-floating output, else within
     ``standard``), and return the first runtime's outputs."""
     names = runtime_names()
     results = {name: get_runtime(name).compile(graph).run(feeds) for name in names}
-    exact = all((n.domain, n.op_type) in BIT_EXACT_OPS for n in graph.nodes)
+    exact = all(n.schema.exact_across_runtimes for n in graph.nodes)
     first = results[names[0]]
     for name in names[1:]:
         if sorted(results[name]) != sorted(first):
