@@ -3,7 +3,7 @@ registering its schemas, ONNX bodies and device restrictions; plus the schema ma
 
 from __future__ import annotations
 
-from ._examples import Example, all_examples
+from ._examples import BenchCase, Example, all_examples
 from ..ir._onnx_body import OPSET
 from ..ir._registry import all_schemas, get_schema, register
 from ..ir._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
@@ -15,6 +15,7 @@ FAMILIES = import_families(__name__, __path__, packages_only=True)
 """The op-family folders found here (each registers its ops, bodies and device rows when imported)."""
 
 __all__ = [
+    "BenchCase",
     "Example",
     "FAMILIES",
     "OPSET",

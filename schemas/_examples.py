@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..ir._registry import Rows
 from ..ir._schema import OpSchema
 
-__all__ = ["Example", "all_examples", "register_examples"]
+__all__ = ["BenchCase", "Example", "all_examples", "register_examples"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,16 @@ def register_examples(*examples: Example) -> None:
 def all_examples(schema: OpSchema | None = None) -> list[Example]:
     """Every registered example (of ``schema`` only, when given), in registration order."""
     return EXAMPLES.all() if schema is None else EXAMPLES.of(schema.domain, schema.op_type)
+
+
+class BenchCase(Protocol):
+    """What ``geir bench`` measures of a family that has no suite of its own: the family's ``examples.BENCH``
+    maps "bench" and "quick" to tuples of cases, each one node of ``op`` (its type) on random ``arrays()`` (the
+    inputs by their GE IR names) with ``attributes()``; ``label`` is the table's case column."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    def arrays(self) -> dict[str, np.ndarray]: ...
+    def attributes(self) -> dict[str, Any]: ...

@@ -8,6 +8,7 @@ the same math when it is installed. All timings of a table come from one run (be
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +21,8 @@ from .builder import GraphBuilder
 from .facade import fuse
 from ..ir._files import replacing
 from ..runtimes import get_runtime, runtime_names
-from ..schemas import moe, rotary, sparse_attention
+from ..ir._registry import get_schema
+from ..schemas import FAMILIES, BenchCase, moe, rotary, sparse_attention
 from ..schemas.moe.examples import MoeCase
 from ..schemas.rotary.examples import RotaryCase
 
@@ -401,8 +403,33 @@ def fuse_measurements(quick: bool) -> list[Measurement]:
     return rows
 
 
+# -- any other family: its examples' BENCH cases against the copy of the bytes they move ---------------
+def _family_case(case: BenchCase) -> list[Measurement]:
+    feeds = case.arrays()
+    outputs = tuple(s.name + "_out" if s.name in feeds else s.name for s in get_schema(case.op).outputs)  # in place
+    executable = _compile("numpy", case.op.lower(), case.op, feeds, outputs, **case.attributes())
+    moved = sum(a.nbytes for a in feeds.values()) + sum(a.nbytes for a in executable.run(feeds).values())
+    rows = copy_baselines(case.op, case.label, np.ones(max(1, moved // 2), np.uint8), moved)
+    return rows + _runtimes(case.op, case.label, feeds, outputs, moved, "GB/s", case.op.lower(), buffers=True,
+                            **case.attributes())
+
+
+def family_suite(family: str) -> Callable[[bool], list[Measurement]]:
+    """The suite of an op family with no suite of its own here: each case of ``schemas/<family>/examples.BENCH``
+    on every runtime (with reused output buffers too), against copying the bytes it reads and writes."""
+    def measurements(quick: bool) -> list[Measurement]:
+        examples = importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.schemas.{family}.examples")
+        cases: tuple[BenchCase, ...] = examples.BENCH["quick" if quick else "bench"]
+        return [m for case in cases for m in _family_case(case)]
+    return measurements
+
+
+_OWN_SUITES = {"rotary": "rotary", "moe": "moe", "sparse_attention": "sfa"}
+"""Families measured by a suite of their own above (with the peers a user would otherwise use)."""
+
 SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements, "sfa-cann": sfa_cann_measurements,
+    **{family: family_suite(family) for family in FAMILIES if family not in _OWN_SUITES},
     "overhead": overhead_measurements, "fuse": fuse_measurements}
 
 

@@ -17,6 +17,7 @@ from typing import NoReturn, TextIO
 
 from ..ir._errors import ExecutionError, GraphError
 from ..runtimes import runtime_names
+from .bench import SUITES
 from .model_io import CommandError, missing_directory
 
 
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--runtime", choices=runtime_names(), default=None,
                       help="run on one runtime only (default: both, side by side)")
     bench = commands.add_parser("bench", help="benchmark every op against copy bandwidth, a matmul, NumPy, PyTorch")
-    bench.add_argument("suite", nargs="*", help="suites to run (default: all): rotary, moe, sfa")
+    bench.add_argument("suite", nargs="*", help="suites to run (default: all): " + ", ".join(SUITES))
     bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     bench.add_argument("--repeat", type=_count(1), default=5, help="timed repetitions; the best is reported")
     bench.add_argument("--plot", metavar="FILE.png", help="also draw the ratios as a bar chart (needs matplotlib)")
@@ -189,7 +190,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return commands.run_example(args.name, args.runtime, args.dump)
     if args.command == "fuse":
         return commands.fuse_model(args.model, args.output, args.allow_stricter_data)
-    from .bench import SUITES, run_benchmarks
+    from .bench import run_benchmarks
 
     unknown = [s for s in args.suite if s not in SUITES]
     if unknown:

@@ -307,3 +307,37 @@ def test_a_run_out_of_memory_is_one_line(rope_model, monkeypatch, capsys):
     assert main(["run", str(model), "--random", "--dim", "B=2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("geir run: out of memory (Unable to allocate 1.5 PiB")
+
+
+def test_a_family_without_a_suite_of_its_own_is_benched_from_its_examples(monkeypatch):
+    """A new op family gets ``geir bench`` rows from its ``examples.BENCH`` alone: every runtime (and reused
+    buffers) against the copy of the bytes it moves."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from geir.tools import bench
+
+    @dataclass(frozen=True)
+    class Case:
+        op: str = ROPE_GRAD
+        label: str = "(1,8,2,16) float32"
+
+        def arrays(self):
+            rng = np.random.default_rng(0)
+            return {"dy": rng.standard_normal((1, 8, 2, 16), np.float32),
+                    "cos": rng.standard_normal((1, 8, 1, 16), np.float32),
+                    "sin": rng.standard_normal((1, 8, 1, 16), np.float32)}
+
+        def attributes(self):
+            return {"rotary_mode": 1, "partial_slice": [0, 16]}
+    examples = types.ModuleType("geir.schemas.toy.examples")
+    examples.BENCH = {"quick": (Case(),), "bench": (Case(), Case())}
+    monkeypatch.setitem(sys.modules, "geir.schemas.toy.examples", examples)
+    rows = bench.family_suite("toy")(True)
+    assert [r.name for r in rows] == [bench.WARM_COPY, bench.FRESH_COPY] + [
+        f"geir {runtime}{suffix}" for runtime in geir.runtimes.runtime_names() for suffix in ("", bench.BUFFERS)]
+    assert {r.op for r in rows} == {ROPE_GRAD} and rows[0].work == 2 * 256 * 4 + 2 * 128 * 4   # dy and dx, cos and sin
+    for row in rows:
+        row.fn()
+    assert len(bench.family_suite("toy")(False)) == 2 * len(rows)
