@@ -15,6 +15,8 @@ from .ir._core import Graph, Node, Value
 from .ir._onnx_export import save_onnx, to_onnx
 from .schemas.moe import indices as moe_indices
 from .tools.builder import GraphBuilder
+from .passes import CheckReport, Violation          # what check() returns, for annotations
+from .passes.fusion import FusionReport             # what fuse() returns beside the graph
 from .tools.facade import check, fuse, grad, run
 from .tools.onnx_import import from_onnx, load_onnx
 from .tools import ge
@@ -26,6 +28,7 @@ register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops o
 from .tools import testing
 
 sys.modules.setdefault(__name__ + ".ge", ge)   # ``import geir.ge`` as well as ``from geir import ge``
+sys.modules.setdefault(__name__ + ".ge.op", ge.op)   # ``import geir.ge.op`` too: the same module, not a copy
 sys.modules.setdefault(__name__ + ".testing", testing)
 
 float32 = DType.FLOAT32
@@ -36,9 +39,11 @@ int64 = DType.INT64
 bool_ = DType.BOOL
 
 __all__ = [
+    "CheckReport",
     "DType",
     "Dim",
     "ExecutionError",
+    "FusionReport",
     "GeirWarning",
     "Graph",
     "GraphBuilder",
@@ -48,6 +53,7 @@ __all__ = [
     "SymbolTable",
     "TensorType",
     "Value",
+    "Violation",
     "as_dtype",
     "bfloat16",
     "bool_",

@@ -161,6 +161,10 @@ class GraphEditor:
         from ``num_outputs`` or a constant ``split``).
         Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``,
         ``a, c = b.op("Split", x, axis=1, num_outputs=2)``.
+
+        Returns the output Value of an op with one output; a tuple in the op's output order (None for an
+        absent optional output of ours) for an op with several, and always for an op whose count varies per
+        node (Split), even of one. The stub types it by op name (``b.op("Add", ...)`` is a ``Value``).
         """
         if domain is None:
             ours = sorted(s.op_type for s in all_schemas())
@@ -184,7 +188,8 @@ class GraphEditor:
             schema = get_schema(op_type, domain, name, outputs=count)
         elif outputs is not None:
             raise GraphError(f"{op_type}: outputs=: the op has a fixed number of outputs ({len(schema.outputs)})")
-        return self._add(schema, list(inputs), {}, attributes, name)
+        result = self._add(schema, list(inputs), {}, attributes, name)
+        return (result,) if schema.variadic and isinstance(result, Value) else result
 
     def constant(self, name: str, array: np.ndarray) -> Value:
         """A named constant (an ONNX initializer): never fed, never modified."""

@@ -2,16 +2,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal, Self, overload
 
 import numpy as np
 
 from ._schema import OpSchema
 from ._core import Graph, Value
 from ._dtypes import DTypeLike
+from ._errors import SourceLocation
+
+
+__all__ = ['GraphEditor', 'OpResult']
 
 OpResult = Value | tuple[Value | None, ...]
+
+_OneOutput = Literal[
+    "Abs", "Acos", "Acosh", "Add", "And", "ArgMax", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "AveragePool",
+    "Bernoulli", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "BlackmanWindow", "Cast",
+    "CastLike", "Ceil", "Celu", "CenterCropPad", "Clip", "Col2Im", "Compress", "Concat", "ConcatFromSequence",
+    "Constant", "ConstantOfShape", "Conv", "ConvInteger", "ConvTranspose", "Cos", "Cosh", "CumSum", "DFT",
+    "DepthToSpace", "DequantizeLinear", "Det", "Div", "Einsum", "Elu", "Equal", "Erf", "Exp", "Expand", "EyeLike",
+    "Flatten", "Floor", "Gather", "GatherElements", "GatherND", "Gemm", "GlobalAveragePool", "GlobalLpPool",
+    "GlobalMaxPool", "Greater", "GreaterOrEqual", "GridSample", "GroupNormalization", "HammingWindow", "HannWindow",
+    "HardSigmoid", "HardSwish", "Hardmax", "Identity", "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad",
+    "InstanceNormalization", "IsInf", "IsNaN", "LRN", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax",
+    "LpNormalization", "LpPool", "MatMul", "MatMulInteger", "Max", "MaxRoiPool", "MaxUnpool", "Mean",
+    "MeanVarianceNormalization", "MelWeightMatrix", "Min", "Mish", "Mod", "MoeTokenUnpermute", "Mul", "Multinomial",
+    "Neg", "NegativeLogLikelihoodLoss", "NonMaxSuppression", "NonZero", "Not", "OneHot", "Optional",
+    "OptionalGetElement", "OptionalHasElement", "Or", "PRelu", "Pad", "Pow", "QLinearConv", "QLinearMatMul",
+    "QuantizeLinear", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Range",
+    "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+    "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "ReverseSequence", "RoiAlign",
+    "Round", "STFT", "Scatter", "ScatterElements", "ScatterND", "Selu", "SequenceAt", "SequenceConstruct",
+    "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "Shape", "Shrink", "Sigmoid", "Sign",
+    "Sin", "Sinh", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth", "SplitToSequence", "Sqrt",
+    "Squeeze", "StringNormalizer", "Sub", "Sum", "Tan", "Tanh", "TfIdfVectorizer", "ThresholdedRelu", "Tile",
+    "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor"
+]
+_OutputsPerNode = Literal[
+    "If", "Loop", "Scan", "SequenceMap", "Split"
+]
+_Outputs_VVOOO = Literal[
+    "SparseFlashAttentionGrad"
+]
+_Outputs_VVVV = Literal[
+    "Unique"
+]
+_Outputs_VVV = Literal[
+    "BatchNormalization", "DynamicQuantizeLinear", "LSTM", "LayerNormalization", "SparseFlashAttention"
+]
+_Outputs_VV = Literal[
+    "Dropout", "GRU", "MaxPool", "MoeTokenUnpermuteGrad", "RNN", "SoftmaxCrossEntropyLoss", "TopK"
+]
 
 
 class GraphEditor:
@@ -20,21 +63,38 @@ class GraphEditor:
     def __init__(self, name: str) -> None: ...
     def add_node(self, schema: OpSchema, inputs: list[Value | None], attributes: dict[str, Any] | None = None, name: str | None = None, output_names: list[str] | None = None, location: SourceLocation | None = None) -> OpResult: ...
     def constant(self, name: str, array: np.ndarray) -> Value: ...
+    @classmethod
+    def copy(cls, graph: Graph, name: str | None = None) -> Self: ...
     def copy_from(self, graph: Graph, rewrite: Any = None, outputs: bool = True, reserved: frozenset[str] = frozenset()) -> dict[int, Value | None]: ...
     def declare_equal(self, *symbols: str) -> None: ...
+    @classmethod
+    def extend(cls, graph: Graph) -> Self: ...
     def finish(self) -> Graph: ...
     def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str], default: np.ndarray | None = None) -> Value: ...
+    @overload
+    def op(self, op_type: _OneOutput, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: None = None, **attributes: Any) -> Value: ...
+    @overload
+    def op(self, op_type: _OutputsPerNode, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: int | None = None, **attributes: Any) -> tuple[Value, ...]: ...
+    @overload
+    def op(self, op_type: _Outputs_VVOOO, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: None = None, **attributes: Any) -> tuple[Value, Value, Value | None, Value | None, Value | None]: ...
+    @overload
+    def op(self, op_type: _Outputs_VVVV, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: None = None, **attributes: Any) -> tuple[Value, Value, Value, Value]: ...
+    @overload
+    def op(self, op_type: _Outputs_VVV, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: None = None, **attributes: Any) -> tuple[Value, Value, Value]: ...
+    @overload
+    def op(self, op_type: _Outputs_VV, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: None = None, **attributes: Any) -> tuple[Value, Value]: ...
+    @overload
     def op(self, op_type: str, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: int | None = None, **attributes: Any) -> OpResult: ...
     def output(self, value: Value, name: str | None = None) -> Value: ...
     def __getattr__(self, op_type: str) -> Any: ...
 
-    def InplacePartialRotaryMul(self, x: Value, cos: Value, sin: Value, *, rotary_mode: int = 0, partial_slice: Sequence[int] = (0, 0), name: str | None = None) -> Value:
+    def InplacePartialRotaryMul(self, x: Value, cos: Value, sin: Value, *, rotary_mode: int = 0, partial_slice: list[int] | tuple[int, ...] = (0, 0), name: str | None = None) -> Value:
         """Rotary position embedding applied in place to x[..., start:end]."""
-    def InplacePartialRotaryMulGrad(self, dy: Value, cos: Value, sin: Value, *, rotary_mode: int = 0, partial_slice: Sequence[int] = (0, 0), name: str | None = None) -> Value:
+    def InplacePartialRotaryMulGrad(self, dy: Value, cos: Value, sin: Value, *, rotary_mode: int = 0, partial_slice: list[int] | tuple[int, ...] = (0, 0), name: str | None = None) -> Value:
         """Gradient of InplacePartialRotaryMul, applied in place to dy[..., start:end]."""
-    def MoeTokenUnpermute(self, permuted_tokens: Value, sorted_indices: Value, probs: Value | None = None, *, padded_mode: bool = False, restore_shape: Sequence[int] = (), name: str | None = None) -> Value:
+    def MoeTokenUnpermute(self, permuted_tokens: Value, sorted_indices: Value, probs: Value | None = None, *, padded_mode: bool = False, restore_shape: list[int] | tuple[int, ...] = (), name: str | None = None) -> Value:
         """Gather each token's topK expert rows and sum them weighted by probs."""
-    def MoeTokenUnpermuteGrad(self, permuted_tokens: Value | None = None, unpermuted_tokens_grad: Value | None = None, sorted_indices: Value | None = None, probs: Value | None = None, *, padded_mode: bool = False, restore_shape: Sequence[int] = (1, 1), name: str | None = None) -> tuple[Value, Value]:
+    def MoeTokenUnpermuteGrad(self, permuted_tokens: Value | None = None, unpermuted_tokens_grad: Value | None = None, sorted_indices: Value | None = None, probs: Value | None = None, *, padded_mode: bool = False, restore_shape: list[int] | tuple[int, ...] = (1, 1), name: str | None = None) -> tuple[Value, Value]:
         """Gradients of MoeTokenUnpermute w.r.t. the permuted rows and the routing probabilities."""
     def SparseFlashAttention(self, query: Value, key: Value, value: Value, sparse_indices: Value, block_table: Value | None = None, actual_seq_lengths_query: Value | None = None, actual_seq_lengths_kv: Value | None = None, query_rope: Value | None = None, key_rope: Value | None = None, sinks: Value | None = None, *, scale_value: float, sparse_block_size: int = 1, layout_query: str = 'BSND', layout_kv: str = 'BSND', sparse_mode: int = 3, pre_tokens: int = 9223372036854775807, next_tokens: int = 9223372036854775807, attention_mode: int = 0, return_softmax_lse: bool = False, name: str | None = None) -> tuple[Value, Value, Value]:
         """Attention of each query row over the key blocks its sparse_indices list."""

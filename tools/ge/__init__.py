@@ -9,7 +9,8 @@ schema rule and error applies. ``Graph.to_geir()`` / ``Graph.from_geir(g)`` conv
 from __future__ import annotations
 
 from ._graph import Graph
-from ._operator import Operator, op
+from . import op
+from ._operator import Operator
 from ._session import (GEFinalize, GEGetErrorMsgV2, GEGetWarningMsgV2, GEInitialize, GEIR_OPTIONS, Session,
                        aclgrphDumpGraph)
 from ._tensor import (DT_BF16, DT_BOOL, DT_DOUBLE, DT_FLOAT, DT_FLOAT16, DT_INT8, DT_INT16, DT_INT32, DT_INT64,

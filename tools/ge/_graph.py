@@ -15,7 +15,8 @@ from ...ir._core import Graph as GeirGraph
 from ...ir._core import Value
 from ...ir._errors import GraphError
 from ...ir._types import TensorType
-from ._operator import Const, Data, Operator, op
+from . import op
+from ._operator import Const, Data, Operator
 from ._tensor import FORMAT_ND, SUCCESS, UNKNOWN_DIM, Shape, Tensor, TensorDesc, ge_data_type, geir_dtype
 
 __all__ = ["Graph"]

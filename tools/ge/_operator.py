@@ -1,6 +1,7 @@
 """GE IR operators: ``ge.op.<Op>(name)`` with chained ``set_input_*``/``set_attr_*``/``update_*_desc_*``.
 
-Each op class is generated from its schema (no per-op code): one ``set_input_<name>``,
+Each op class is generated from its schema by ``make_class`` (no per-op code; ``ge.op``, the module ``op.py``,
+holds them): one ``set_input_<name>``,
 ``update_input_desc_<name>`` per input, ``update_output_desc_<name>`` per output, ``set_attr_<name>``
 and ``get_attr_<name>`` per attribute, all returning the op so calls chain as in GE's C++ API.
 Attributes are checked when set (kind, known name); everything else when the graph is built, by
@@ -9,20 +10,20 @@ the builder's rules, with the line where the op was created.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
-from ...ir._registry import all_schemas, get_schema
-from ...ir._schema import OpSchema
+from ...ir._schema import AttrSpec, Schema
+from ...ir._standard import StandardOpSchema
 from ...ir._errors import GraphError, SourceLocation, user_location
 from ._tensor import Tensor, TensorDesc
 
-__all__ = ["Const", "Data", "OpNamespace", "Operator", "op"]
+__all__ = ["Const", "Data", "Operator", "attribute_names", "make_class"]
 
 
 class Operator:
     """``ge::Operator``: a named op, its connected inputs, attributes and tensor descs."""
 
-    schema: OpSchema | None = None
+    schema: Schema | None = None
     input_names: tuple[str, ...] = ()
     output_names: tuple[str, ...] = ()
 
@@ -44,7 +45,7 @@ class Operator:
     def GetOpType(self) -> str:
         return self._type
 
-    def SetInput(self, name: str, source: Operator, output: str | int | None = None) -> Operator:
+    def SetInput(self, name: str, source: Operator, output: str | int | None = None) -> Self:
         """Connect input ``name`` to output ``output`` (name or index; default 0) of ``source``."""
         index = self._port(self.input_names, name, "input")
         if not isinstance(source, Operator):
@@ -52,7 +53,7 @@ class Operator:
         self.inputs[index] = (source, source.output_index(output, f"{self._subject()}: input '{name}'"))
         return self
 
-    def SetAttr(self, name: str, value: Any) -> Operator:
+    def SetAttr(self, name: str, value: Any) -> Self:
         self.attributes[name] = self._coerce_attr(name, value)
         return self
 
@@ -66,11 +67,11 @@ class Operator:
             raise GraphError(f"{self._subject()}: attribute '{name}' is required and has not been set")
         return spec.default
 
-    def UpdateInputDesc(self, name: str, desc: TensorDesc) -> Operator:
+    def UpdateInputDesc(self, name: str, desc: TensorDesc) -> Self:
         self.input_descs[self._port(self.input_names, name, "input")] = _desc(desc, f"{self._subject()}: input '{name}'")
         return self
 
-    def UpdateOutputDesc(self, name: str, desc: TensorDesc) -> Operator:
+    def UpdateOutputDesc(self, name: str, desc: TensorDesc) -> Self:
         self.output_descs[self._port(self.output_names, name, "output")] = _desc(desc,
                                                                               f"{self._subject()}: output '{name}'")
         return self
@@ -94,13 +95,13 @@ class Operator:
             raise GraphError(f"{subject or self._subject()}: {kind} name: expected one of {', '.join(names) or 'none'}"
                              f" of {self._type}, got {name!r}") from None
 
-    def _attr_spec(self, name: str):
+    def _attr_spec(self, name: str) -> AttrSpec | None:
         assert self.schema is not None
-        if name not in _attribute_names(self.schema):
-            known = ", ".join(_attribute_names(self.schema)) or "none"
+        if name not in attribute_names(self.schema):
+            known = ", ".join(attribute_names(self.schema)) or "none"
             raise GraphError(f"[SCH-3] {self._subject()}: attribute '{name}': expected one of {known}, "
                              "got an unknown attribute", rule="SCH-3", node=self._name)
-        return self.schema.attribute(name) if self.schema.domain else None
+        return next(a for a in self.schema.attributes if a.name == name) if self.schema.domain else None
 
     def _coerce_attr(self, name: str, value: Any) -> Any:
         spec = self._attr_spec(name)
@@ -141,10 +142,10 @@ class Data(Operator):
         return self.attributes.get("index")
 
     def update_input_desc_x(self, desc: TensorDesc) -> Data:
-        return self.UpdateInputDesc("x", desc)  # type: ignore[return-value]
+        return self.UpdateInputDesc("x", desc)
 
     def update_output_desc_y(self, desc: TensorDesc) -> Data:
-        return self.UpdateOutputDesc("y", desc)  # type: ignore[return-value]
+        return self.UpdateOutputDesc("y", desc)
 
     def desc(self) -> TensorDesc:
         """The tensor this input takes: its output desc, else its input desc; both must agree."""
@@ -175,15 +176,15 @@ class Const(Operator):
         return self.attributes.get("value")
 
 
-def _attribute_names(schema: OpSchema) -> list[str]:
+def attribute_names(schema: Schema) -> list[str]:
     """Declared attributes (ours), or those onnx's schema lists (a standard op)."""
-    if not schema.domain:
+    if isinstance(schema, StandardOpSchema):
         return list(schema.onnx.attributes)
     return [a.name for a in schema.attributes]
 
 
-def _make_class(schema: OpSchema) -> type[Operator]:
-    """The ge op class of ``schema``: GE's generated accessors as methods."""
+def make_class(schema: Schema) -> type[Operator]:
+    """The ge op class of ``schema``: GE's generated accessors as methods (typed in ``op.pyi``)."""
     namespace: dict[str, Any] = {"schema": schema, "input_names": tuple(s.name for s in schema.inputs),
                                  "output_names": tuple(s.name for s in schema.outputs),
                                  "__doc__": f"``op::{schema.op_type}`` (generated from its schema). {schema.doc}"}
@@ -194,11 +195,11 @@ def _make_class(schema: OpSchema) -> type[Operator]:
         namespace[f"update_input_desc_{spec.name}"] = _method(
             lambda self, desc, _n=spec.name: self.UpdateInputDesc(_n, desc),
             f"update_input_desc_{spec.name}", f"Declare the tensor desc of input '{spec.name}' (checked at build).")
-    for spec in schema.outputs:
-        namespace[f"update_output_desc_{spec.name}"] = _method(
-            lambda self, desc, _n=spec.name: self.UpdateOutputDesc(_n, desc),
-            f"update_output_desc_{spec.name}", f"Declare the tensor desc of output '{spec.name}' (checked at build).")
-    for attr in _attribute_names(schema):
+    for out in schema.outputs:
+        namespace[f"update_output_desc_{out.name}"] = _method(
+            lambda self, desc, _n=out.name: self.UpdateOutputDesc(_n, desc),
+            f"update_output_desc_{out.name}", f"Declare the tensor desc of output '{out.name}' (checked at build).")
+    for attr in attribute_names(schema):
         namespace[f"set_attr_{attr}"] = _method(lambda self, value, _n=attr: self.SetAttr(_n, value),
                                                 f"set_attr_{attr}", f"Set attribute '{attr}' (checked now).")
         namespace[f"get_attr_{attr}"] = _method(lambda self, _n=attr: self.GetAttr(_n), f"get_attr_{attr}",
@@ -210,32 +211,3 @@ def _method(fn: Any, name: str, doc: str) -> Any:
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
     return fn
-
-
-class OpNamespace:
-    """``ge.op``: ``Data``, ``Const`` and one class per op of the registry; a standard ONNX op (``ge.op.Add``)
-    is generated on first use from onnx's schema."""
-
-    def __init__(self) -> None:
-        self._classes: dict[str, type[Operator]] = {"Data": Data, "Const": Const}
-        for schema in all_schemas():
-            self._classes[schema.op_type] = _make_class(schema)
-
-    def __getattr__(self, name: str) -> type[Operator]:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name not in self._classes:
-            try:
-                schema = get_schema(name, "")
-            except GraphError:
-                known = ", ".join(sorted(self._classes))
-                raise AttributeError(f"ge.op has no operator {name!r}: ours are {known}, or any standard "
-                                     "ONNX op") from None
-            self._classes[name] = _make_class(schema)
-        return self._classes[name]
-
-    def __dir__(self) -> list[str]:
-        return sorted(self._classes)
-
-
-op = OpNamespace()
