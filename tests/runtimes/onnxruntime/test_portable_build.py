@@ -20,8 +20,10 @@ from geir.runtimes.onnxruntime._native import CFLAGS, SOURCES, find_compiler
 from native_helpers import requires_compiler
 
 HERE = Path(__file__).parent
-NATIVE_TESTS = ("test_native.py", "test_native_families.py", "test_native_sfa.py", "test_sfa_grad_determinism.py",
-                "test_native_gemm.py", "test_native_limits.py")
+TESTS = HERE.parents[1]
+NATIVE_TESTS = ("runtimes/onnxruntime/test_native.py", "runtimes/onnxruntime/test_native_families.py",
+                "runtimes/onnxruntime/test_native_gemm.py", "runtimes/onnxruntime/test_native_limits.py",
+                "sparse_attention/test_sfa_native.py", "sparse_attention/test_sfa_grad_determinism.py")
 PORTABLE_FLAGS = ("-mno-avx", "-mno-avx2", "-mno-fma", "-mno-f16c")
 
 
@@ -29,7 +31,7 @@ def _native_tests_on(cache: Path, env: dict[str, str]) -> tuple[subprocess.Compl
     """Run the native test files in a fresh interpreter whose library is built into ``cache`` (with ``env``'s CC);
     return the run, passed, and the one library it built."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             *(str(HERE / name) for name in NATIVE_TESTS)], capture_output=True, text=True,
+                             *(str(TESTS / name) for name in NATIVE_TESTS)], capture_output=True, text=True,
                             env={**os.environ, **env, "GEIR_CACHE_DIR": str(cache)}, cwd=str(HERE.parents[2]),
                             timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -125,9 +125,9 @@ def test_native_paged_forward_agrees_with_the_dense_forward(layout, dtype, spare
 
 DETERMINISM = """
     import ctypes, sys, numpy as np, geir
-    sys.path[:0] = ["tests", "tests/runtimes/onnxruntime"]
+    sys.path[:0] = ["tests"]
     from geir.runtimes.onnxruntime import native_library
-    from test_sfa_grad_determinism import UT_CASES, _grad_problem
+    from sparse_attention.test_sfa_grad_determinism import UT_CASES, _grad_problem
     problems = [_grad_problem(UT_CASES[name]) for name in ("bsnd_rope_bf16", "tnd_f16", "kv_merge_bf16")]
     lib = ctypes.CDLL(native_library())
     lib.geir_sfa_key_tasks.argtypes = lib.geir_sfa_chunk_pairs.argtypes = [ctypes.c_long]
