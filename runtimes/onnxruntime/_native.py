@@ -43,11 +43,15 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ...ir._core import Graph
+from ...ir._dtypes import as_dtype
 from ...ir._editor import GraphEditor
+from ...ir._registry import all_schemas
 from ...ir._errors import GeirWarning
 from ...ir._files import FileRefused, read_regular_file
 from ...ir._onnx_export import to_onnx
 from ...passes import build
+from ...schemas import all_examples
 from ..numpy import NumpyRuntime
 
 __all__ = ["COMPILE_TIMEOUT_S", "families", "families_source", "find_compiler", "native_library", "native_status"]
@@ -254,50 +258,49 @@ def _counter(path: Path) -> ctypes._CFuncPtr:
     return counter
 
 
-def _self_test_graph() -> tuple:
-    """One graph with a node of every kernel family, its feeds, and how many native calls it makes."""
-    rng = np.random.default_rng(0)
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+"""How far a kernel whose schema is not exact across runtimes may be from the NumPy runtime (matrix products and
+weighted sums may add in another order): a few units in the last place of each dtype."""
+
+
+def _self_test_graph() -> tuple[Graph, dict[str, np.ndarray], int, frozenset[str]]:
+    """One graph with a node of each of our ops, on the first worked example its family declares for it
+    (``schemas/<family>/examples.py``), in float16 where the example has it (so the conversions run too); its feeds, the native calls it makes, and the outputs whose schemas promise the same
+    bits on every runtime. A new family is covered by declaring its examples."""
     b = GraphEditor("geir_native_self_test")
-    x = b.input("x", "float16", (1, 2, 2, 8))
-    c = b.input("c", "float16", (1, 2, 1, 8))
-    tokens = b.input("tokens", "float32", (6, 5))
-    indices = b.input("indices", "int32", (6,))
-    probs = b.input("probs", "float32", (3, 2))
-    dy = b.input("dy", "float32", (3, 5))
-    b.output(b.InplacePartialRotaryMulGrad(x, c, c, rotary_mode=1, partial_slice=[0, 8]), "rotary")
-    b.output(b.MoeTokenUnpermute(tokens, indices, probs), "unpermuted")
-    ptg, pg = b.MoeTokenUnpermuteGrad(tokens, dy, indices, probs)
-    b.output(ptg, "ptg")
-    b.output(pg, "pg")
-    query = b.input("query", "float16", (1, 3, 2, 8))
-    key = b.input("key", "float16", (1, 4, 1, 8))
-    blocks = b.input("blocks", "int32", (1, 3, 1, 2))
-    d_out = b.input("d_out", "float16", (1, 3, 2, 8))
-    out, row_max, row_sum = b.SparseFlashAttention(query, key, key, blocks, scale_value=0.25, sparse_block_size=2,
-                                                   return_softmax_lse=True)
-    b.output(out, "attention")
-    d_query, d_key, d_value, _, _ = b.SparseFlashAttentionGrad(query, key, blocks, d_out, out, row_max, row_sum, key,
-                                                               scale_value=0.25, sparse_block_size=2)
-    b.output(d_query, "d_query")
-    b.output(d_key, "d_key")
-    feeds = {"x": np.linspace(-2, 2, 32, dtype=np.float16).reshape(1, 2, 2, 8),
-             "c": np.linspace(-1, 1, 16, dtype=np.float16).reshape(1, 2, 1, 8),
-             "tokens": rng.standard_normal((6, 5)).astype(np.float32),
-             "indices": rng.permutation(6).astype(np.int32),
-             "probs": rng.uniform(size=(3, 2)).astype(np.float32),
-             "dy": rng.standard_normal((3, 5)).astype(np.float32),
-             "query": rng.standard_normal((1, 3, 2, 8)).astype(np.float16),
-             "key": rng.standard_normal((1, 4, 1, 8)).astype(np.float16),
-             "blocks": np.array([[0, -1], [1, 0], [0, 1]], np.int32).reshape(1, 3, 1, 2),
-             "d_out": rng.standard_normal((1, 3, 2, 8)).astype(np.float16)}
-    return build(b), feeds, 5
+    feeds: dict[str, np.ndarray] = {}
+    exact: set[str] = set()
+    calls = 0
+    for schema in all_schemas():
+        examples = [e for e in all_examples(schema) if e.warning is None]
+        if not examples:
+            continue
+        example = examples[0]
+        dtype = "float16" if "float16" in example.dtypes else example.dtypes[0]   # bfloat16 feeds need OrtValues
+        inputs = []
+        for spec in schema.inputs:
+            if spec.name not in example.inputs:
+                inputs.append(None)
+                continue
+            name = f"{schema.op_type}.{spec.name}"
+            feeds[name] = np.asarray(example.inputs[spec.name]).astype(
+                as_dtype(example.input_dtype(spec.name, dtype)).numpy)
+            inputs.append(b.input(name, feeds[name].dtype, feeds[name].shape))
+        results = b.add_node(schema, inputs, dict(example.attributes), name=schema.op_type)
+        for spec, value in zip(schema.outputs, results if isinstance(results, tuple) else (results,)):
+            if value is not None:
+                b.output(value, f"{schema.op_type}.{spec.name}.out")
+                if schema.exact_across_runtimes:
+                    exact.add(value.name)
+        calls += 1
+    return build(b), feeds, calls, frozenset(exact)
 
 
 def _self_test(path: Path) -> None:
-    """Run each kernel family through a session with the library: its call counter must move, and the result
-    must equal the NumPy runtime's (bit for bit where the contract fixes every rounding, within float16's
-    rounding for attention, whose matrix products may sum in another order)."""
-    graph, feeds, calls = _self_test_graph()
+    """Run every op's worked example through a session with the library: its call counter must move once per
+    node, and each result must equal the NumPy runtime's (bit for bit where the schema promises the same bits on
+    every runtime, else within ``TOLERANCE``)."""
+    graph, feeds, calls, exact = _self_test_graph()
     options = ort.SessionOptions()
     options.register_custom_ops_library(str(path))
     counter = _counter(path)
@@ -310,12 +313,14 @@ def _self_test(path: Path) -> None:
         raise RuntimeError(f"the self-test ran {counter() - before} of {calls} native kernels (ONNX Runtime older "
                            f"than 1.17 offers no API version 17)")
     want = NumpyRuntime().compile(graph).run(feeds)
-    for name in ("rotary", "unpermuted", "ptg"):
-        if not np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)):
-            raise RuntimeError(f"the native kernel's self-test result '{name}' differs from the NumPy runtime")
-    for name, tolerance in (("pg", 1e-5), ("attention", 2e-3), ("d_query", 2e-3), ("d_key", 2e-3)):
-        if not np.allclose(got[name].astype(np.float32), want[name].astype(np.float32), rtol=tolerance,
-                           atol=tolerance):
+    for name in names:
+        if name in exact or want[name].dtype.kind not in "fV" and want[name].dtype.name != "bfloat16":
+            same = np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
+        else:
+            tolerance = TOLERANCE[want[name].dtype.name]
+            same = np.allclose(got[name].astype(np.float32), want[name].astype(np.float32), rtol=tolerance,
+                               atol=tolerance)
+        if not same:
             raise RuntimeError(f"the native kernel's self-test result '{name}' differs from the NumPy runtime")
 
 
