@@ -17,6 +17,7 @@ from typing import NoReturn, TextIO
 
 from ..ir._errors import ExecutionError, GraphError
 from ..runtimes import runtime_names
+from ..schemas.targets import TARGETS
 from .bench import SUITES
 from .model_io import CommandError, missing_directory
 
@@ -72,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=_count(0), default=0, metavar="N", help="time N more runs (min and median)")
     chk = commands.add_parser("check", help="check a saved model against a device's restrictions (exit 1 if violated)")
     chk.add_argument("model", help="the .onnx file")
-    chk.add_argument("--target", required=True, help="a device (ascend910b, ascend910_93, ascend950, ascend310p, "
-                     "kirinx90, kirin9030) or all")
+    chk.add_argument("--target", required=True, help=f"a device ({', '.join(TARGETS)}) or all")
     chk.add_argument("--strict", action="store_true", help="also fail on 'unsupported' (what the docs forbid but "
                      "the device code accepts)")
     show = commands.add_parser("show", help="print a saved model as text, or draw it (dot, svg, png)")
