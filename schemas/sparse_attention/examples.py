@@ -128,46 +128,6 @@ class SfaCase:
         return dict(scale_value=self.scale, sparse_block_size=self.bs, layout=self.layout, sparse_mode=self.mode)
 
 
-def paged_arrays(arrays: dict[str, np.ndarray | None], layout: str, page: int, rng: np.random.Generator,
-                 spare_pages: int = 3) -> dict[str, np.ndarray | None]:
-    """The same problem with its keys in a paged cache (layout_kv PA_BSND, spec 4.11): every batch's keys are
-    scattered into pages whose ids are a random permutation, the table padded with -1, spare pages filled with
-    noise, and ``actual_seq_lengths_kv`` per batch. The forward on it must equal the dense forward bit for bit."""
-    key = arrays["key"]
-    if layout == "BSND":
-        batches, seq = key.shape[:2]
-        given = arrays.get("actual_seq_lengths_kv")
-        counts = np.full(batches, seq, np.int64) if given is None else given.astype(np.int64)
-        starts = np.zeros(batches, np.int64)
-    else:
-        ends = arrays["actual_seq_lengths_kv"].astype(np.int64)
-        starts, counts = np.concatenate([[0], ends[:-1]]), ends - np.concatenate([[0], ends[:-1]])
-    used = -(-counts // page)
-    max_blocks = int(used.max(initial=0)) + 1                  # one trailing -1 column in every row
-    total = int(used.sum()) + spare_pages
-    page_ids = rng.permutation(total)
-    table = np.full((counts.size, max_blocks), -1, np.int32)
-    result = dict(arrays)
-    for name in ("key", "value", "key_rope"):
-        dense = arrays.get(name)
-        if dense is None:
-            continue
-        cache = rng.standard_normal((total, page) + dense.shape[-2:]).astype(dense.dtype)
-        taken = 0
-        for b in range(counts.size):                            # test data, not a hot path
-            source = dense[b, : counts[b]] if layout == "BSND" else dense[starts[b]: starts[b] + counts[b]]
-            for column in range(int(used[b])):
-                pid = page_ids[taken]
-                taken += 1
-                table[b, column] = pid
-                chunk = source[column * page: (column + 1) * page]
-                cache[pid, : chunk.shape[0]] = chunk
-        result[name] = cache
-    result["block_table"] = table
-    result["actual_seq_lengths_kv"] = counts.astype(np.int32)
-    return result
-
-
 BENCH = {"quick": SfaCase(B=1, S1=64, S2=512, N1=16, D=128, D2=128, Dr=64, K=64, mode=0, full=True),
          "bench": SfaCase(B=1, S1=512, S2=2048, N1=16, D=128, D2=128, Dr=64, K=256, mode=0, full=True),
          "cann": SfaCase(B=1, S1=64, S2=4096, N1=128, D=512, D2=512, Dr=64, K=2048, bs=1, mode=3, full=True,

@@ -12,8 +12,9 @@ import pytest
 
 import geir
 from geir import ExecutionError, GraphError
-from helpers import ROPE_GRAD, SFA, moe_graph, rotary_graph, sfa_graph
-from geir.schemas.sparse_attention.examples import SfaCase
+from moe.helpers import moe_graph
+from rotary.helpers import ROPE_GRAD, rotary_graph
+from sparse_attention.helpers import SFA, AttentionCase, sfa_graph
 
 RUNTIMES = ["numpy", "onnxruntime"]
 
@@ -101,7 +102,7 @@ def test_split_has_one_output_per_part(runtime):
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_huge_sparse_block_size_costs_only_the_keys_that_exist(runtime):
-    case = SfaCase(B=1, S1=4, S2=9, N1=2, K=2, bs=16, mode=0)
+    case = AttentionCase(B=1, S1=4, S2=9, N1=2, K=2, bs=16, mode=0)
     arrays = case.arrays()
     indices = np.full(arrays["sparse_indices"].shape, -1, np.int32)
     indices[..., 0] = 0                        # block 0 covers every key when bs >= S2

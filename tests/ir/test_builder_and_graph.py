@@ -7,7 +7,7 @@ import pytest
 
 import geir
 from geir import Graph, GraphError, Node, TensorType, Value
-from helpers import ROPE, ROPE_GRAD
+from rotary.helpers import ROPE, ROPE_GRAD
 
 
 def _inputs(b, dtype="float16", x=(2, 4, 8, 64), c=(1, 4, 1, 32)):

@@ -12,7 +12,7 @@ import pytest
 import geir
 from geir.ir import _onnx_export
 from geir.ir._files import replacing, write_file
-from helpers import ROPE, rotary_graph
+from rotary.helpers import ROPE, rotary_graph
 
 
 def _graph() -> geir.Graph:

@@ -10,11 +10,11 @@ import pytest
 import geir
 from geir import ge
 from geir.tools.ge_examples import EXAMPLES
-from helpers import empty_grad_slices_expected
 from oracles.moe import unpermute_grad_reference
 from oracles.numerics import assert_matches_reference
 from oracles.rotary import rotary_reference
 from oracles.sfa import forward_reference
+from rotary.helpers import empty_grad_slices_expected
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,12 @@ import pytest
 
 import geir
 from geir import GraphError
-from helpers import (ROPE, ROPE_GRAD, SFA, SFA_GRAD, assert_same_graph, empty_grad_slices_expected, moe_grad_graph,
-                     moe_graph, rotary_graph, sfa_graph)
+from helpers import assert_same_graph
+from moe.helpers import moe_grad_graph, moe_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
 from oracles.onnx_runners import run_onnxruntime, run_reference
-from geir.schemas.sparse_attention.examples import SfaCase
+from rotary.helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
+from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, sfa_graph
 
 NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -102,7 +103,7 @@ SFA_CASES = [dict(layout=layout, mode=mode, bs=bs, Dr=dr, kv_merge=merge, N2=n2,
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", SFA_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_sfa_bodies(dtype, case):
-    c = SfaCase(N1=4, D2=6, dtype=dtype, seed=3, **case)
+    c = AttentionCase(N1=4, D2=6, dtype=dtype, seed=3, **case)
     a = c.arrays()
     value = a["value"] if a["value"] is not None else a["key"][..., :c.D2].copy()
     g, feeds = sfa_graph(dict(a, value=value), SFA, **c.forward_attrs())
@@ -125,7 +126,7 @@ def test_sfa_bodies(dtype, case):
 
 
 def test_sfa_forward_without_lse_exports_empty_stats():
-    c = SfaCase(N1=4, dtype="float16")
+    c = AttentionCase(N1=4, dtype="float16")
     a = c.arrays()
     g, feeds = sfa_graph(a, SFA, **dict(c.forward_attrs(), return_softmax_lse=False))
     _, ours, ort_out, _ = _export_and_run(g, feeds)

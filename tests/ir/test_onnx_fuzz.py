@@ -13,15 +13,16 @@ import onnx
 import geir
 from geir import GraphError
 sys.path.insert(0, "tests")
-from helpers import moe_grad_graph, rotary_graph, sfa_graph, SFA
-from geir.schemas.sparse_attention.examples import SfaCase
+from moe.helpers import moe_grad_graph
+from rotary.helpers import rotary_graph
+from sparse_attention.helpers import SFA, AttentionCase, sfa_graph
 
 warnings.simplefilter("ignore")
 seeds = []
 seeds.append(geir.to_onnx(rotary_graph("InplacePartialRotaryMulGrad", ("B", 2, 2, 8), (1, 2, 1, 4), "float16",
                                        rotary_mode=1, partial_slice=[2, 6])))
 seeds.append(geir.to_onnx(moe_grad_graph((6, 4), (3, 4), 6, (3, 2), "bfloat16", "float32")))
-case = SfaCase(layout="TND", Dr=4)
+case = AttentionCase(layout="TND", Dr=4)
 seeds.append(geir.to_onnx(sfa_graph(case.arrays(), SFA, **case.forward_attrs())[0]))
 b = geir.GraphBuilder("mixed")
 x = b.input("x", "float32", (2, 6))

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import geir
 from geir import GraphError
 from geir.tools.onnx_import import MAX_IMPORTED_NODES
-from helpers import moe_graph
+from moe.helpers import moe_graph
 
 F32 = TensorProto.FLOAT
 

@@ -11,9 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 import geir
 from geir import GraphError
 from geir.schemas import OPSET
-from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, assert_same_graph, moe_grad_graph, moe_graph, rotary_graph, sfa_graph
+from helpers import assert_same_graph
+from moe.helpers import moe_grad_graph, moe_graph
 from oracles.onnx_runners import run_onnxruntime
-from geir.schemas.sparse_attention.examples import SfaCase
+from rotary.helpers import ROPE, ROPE_GRAD, rotary_graph
+from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, sfa_graph
 
 
 def _graphs():
@@ -23,7 +25,7 @@ def _graphs():
     yield moe_graph(6, 4, 8)
     yield moe_grad_graph((6, 4), (3, 4), 6, (3, 2), "float32", "bfloat16")
     yield moe_grad_graph(None, (6, 4), 6, None, "float16")
-    for case in (SfaCase(Dr=4, sinks=True, lengths=True), SfaCase(layout="TND", N2=2, N1=4, kv_merge=True)):
+    for case in (AttentionCase(Dr=4, sinks=True, lengths=True), AttentionCase(layout="TND", N2=2, N1=4, kv_merge=True)):
         a = case.arrays()
         value = a["value"] if a["value"] is not None else a["key"][..., :case.D2]
         yield sfa_graph(dict(a, value=value), SFA, **case.forward_attrs())[0]
@@ -45,7 +47,7 @@ def test_round_trip_every_op(graph):
 
 
 def test_round_trip_keeps_scale_value_as_float32():
-    c = SfaCase()
+    c = AttentionCase()
     g, _ = sfa_graph(c.arrays(), SFA, **dict(c.forward_attrs(), scale_value=0.044194))
     assert g.nodes[0].attributes["scale_value"] == float(np.float32(0.044194))
     assert geir.from_onnx(geir.to_onnx(g)).nodes[0].attributes["scale_value"] == g.nodes[0].attributes["scale_value"]
@@ -127,7 +129,7 @@ def test_bad_files_give_graph_errors():
     with pytest.raises(GraphError, match=r"'n': domain 'com.acme' is neither ours"):
         geir.from_onnx(_model_with(helper.make_node("Rotate", ["x"], ["y"], domain="com.acme", name="n"),
                                    [_vi("x")], [_vi("y")]))
-    c = SfaCase()
+    c = AttentionCase()
     a = c.arrays()
     vis = [_vi(k, F16 if v.dtype == np.float16 else TensorProto.INT32, v.shape)
            for k, v in a.items() if v is not None and k in ("query", "key", "value", "sparse_indices")]

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geir
-from helpers import moe_grad_graph, moe_graph
+from moe.helpers import moe_grad_graph, moe_graph
 from oracles.moe import unpermute_grad_reference, unpermute_reference
 from oracles.numerics import assert_matches_reference
 

@@ -7,7 +7,7 @@ import pytest
 import geir
 from geir import GraphError
 from geir.schemas import get_schema
-from helpers import MOE, MOE_GRAD, moe_grad_graph, moe_graph
+from moe.helpers import MOE, MOE_GRAD, moe_grad_graph, moe_graph
 
 DTYPES = ("bfloat16", "float16", "float32")
 

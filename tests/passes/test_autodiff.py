@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import geir
-from geir.schemas.sparse_attention.examples import SfaCase
 from geir.testing import reference
-from helpers import SFA, sfa_graph
+from sparse_attention.helpers import SFA, AttentionCase, sfa_graph
 
 EPS = 1e-6
 
@@ -207,10 +206,10 @@ def test_moe_vjp_of_a_forward_mixing_probs_and_none_exports_and_runs_everywhere(
 
 
 SFA_CASES = {
-    "bsnd_mode3_rope": SfaCase(B=2, S1=4, S2=8, N1=4, D=8, D2=8, Dr=4, K=5, mode=3, seed=1),
-    "bsnd_mode0_gqa_bs2": SfaCase(B=1, S1=3, S2=9, N1=4, N2=2, D=6, D2=4, K=3, bs=2, mode=0, seed=2),
-    "tnd_mode3": SfaCase(layout="TND", N1=2, D=8, D2=8, K=3, tnd_q=[3, 5], tnd_kv=[4, 9], seed=3),
-    "sinks": SfaCase(B=1, S1=4, S2=6, N1=2, D=4, D2=4, K=4, mode=0, sinks=True, seed=4),
+    "bsnd_mode3_rope": AttentionCase(B=2, S1=4, S2=8, N1=4, D=8, D2=8, Dr=4, K=5, mode=3, seed=1),
+    "bsnd_mode0_gqa_bs2": AttentionCase(B=1, S1=3, S2=9, N1=4, N2=2, D=6, D2=4, K=3, bs=2, mode=0, seed=2),
+    "tnd_mode3": AttentionCase(layout="TND", N1=2, D=8, D2=8, K=3, tnd_q=[3, 5], tnd_kv=[4, 9], seed=3),
+    "sinks": AttentionCase(B=1, S1=4, S2=6, N1=2, D=4, D2=4, K=4, mode=0, sinks=True, seed=4),
 }
 
 
@@ -234,7 +233,7 @@ def test_attention_vjp_of_a_forward_that_outputs_its_empty_statistics_runs_on_bo
     """A forward without return_softmax_lse whose (empty) statistics are graph outputs: its VJP used to add a second
     forward returning them, and a model holding both variants of the op cannot be exported, so the derivative did not
     run on ONNX Runtime. Now there is one forward; the empty statistics stay outputs, as empty arrays."""
-    case = SfaCase(B=1, S1=4, S2=10, N1=4, D=8, D2=8, K=3, mode=0, sinks=sinks, seed=2)
+    case = AttentionCase(B=1, S1=4, S2=10, N1=4, D=8, D2=8, K=3, mode=0, sinks=sinks, seed=2)
     graph, feeds = sfa_graph(case.arrays(), SFA, **dict(case.forward_attrs(), return_softmax_lse=False))
     assert [v.name for v in graph.outputs] == ["attention_out", "softmax_max", "softmax_sum"]
     derivative = geir.grad(graph, outputs=["attention_out"])
@@ -303,12 +302,12 @@ def test_errors_name_the_op_and_the_reason():
         geir.grad(graph, wrt=["nope"])
     with pytest.raises(geir.GraphError, match=r"has no output 'nope'"):
         geir.grad(graph, outputs=["nope"])
-    case = SfaCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2, lengths=True, mode=0)
+    case = AttentionCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2, lengths=True, mode=0)
     bsnd, _ = sfa_graph(case.arrays(), SFA, **dict(case.forward_attrs(), return_softmax_lse=False))
     with pytest.raises(geir.GraphError, match=r"BSND with actual_seq_lengths"):
         geir.grad(_only_attention_out(bsnd))
-    full, _ = sfa_graph(SfaCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).arrays(), SFA,
-                        **SfaCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).forward_attrs())
+    full, _ = sfa_graph(AttentionCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).arrays(), SFA,
+                        **AttentionCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).forward_attrs())
     with pytest.raises(geir.GraphError, match=r"softmax statistics get a cotangent"):
         geir.grad(full)
     assert "grad_query" in [v.name for v in geir.grad(full, outputs=["attention_out"]).outputs]

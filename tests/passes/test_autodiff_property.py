@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import geir
-from geir.schemas.sparse_attention.examples import SfaCase
 from geir.schemas.vjp import vjp_ops
 from geir.testing import reference
+from sparse_attention.helpers import AttentionCase
 
 EPS = 1e-6
 MAX_SIZE = 96
@@ -209,7 +209,7 @@ SFA_SHAPES = [dict(B=1, S1=3, S2=6, N1=2, D=4, D2=4, K=3, mode=0), dict(B=2, S1=
 def _attention(g: Gen):
     params = dict(g.draw(st.sampled_from(SFA_SHAPES)), sinks=g.draw(st.booleans()), seed=g.draw(st.integers(0, 99)))
     merge = params.get("D2") == params.get("D") and g.draw(st.booleans())
-    case = SfaCase(**params, kv_merge=merge)
+    case = AttentionCase(**params, kv_merge=merge)
     arrays = case.arrays()
     inputs = {}
     for name in ("query", "key", "value", "query_rope", "key_rope", "sinks"):

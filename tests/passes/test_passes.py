@@ -6,7 +6,7 @@ import geir
 from geir import Graph, GraphError, Node, TensorType, Value
 from geir.passes import (EliminateDeadCode, InferShapes, Pass, PassManager, PassResult, VerifyGraph,
                          build_pipeline, live_nodes)
-from helpers import ROPE_GRAD
+from rotary.helpers import ROPE_GRAD
 
 T = TensorType("float32", (1, 2, 1, 8))
 

@@ -12,9 +12,9 @@ import geir
 from geir.runtimes.numpy import rotary as kernels
 from geir.runtimes.numpy.rotary import rotary_mul, rotary_mul_grad
 from geir.schemas.rotary.examples import E1_COS, E1_DY, E1_ROWS, E1_SIN, E2_COS, E2_ROWS, E2_SIN, E2_X
-from helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
 from oracles.numerics import assert_matches_reference, bits_equal
 from oracles.rotary import rotary_reference
+from rotary.helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
 
 BF16 = ml_dtypes.bfloat16
 FWD_COMBOS = [("float16", "float16"), ("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float32"),

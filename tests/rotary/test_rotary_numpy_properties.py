@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import geir
 from geir import GraphError
-from helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
 from oracles.numerics import assert_matches_reference, bits_equal
 from oracles.rotary import rotary_reference
+from rotary.helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
 
 DTYPES = ("float32", "float16", "bfloat16")
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,11 +10,12 @@ import pytest
 
 import geir
 from geir.schemas.rotary import rotate, rotation_tables
-from helpers import ROPE, ROPE_GRAD, random_feeds, rotary_graph
+from helpers import random_feeds
 from native_helpers import requires_compiler
 from oracles.numerics import assert_matches_reference, bits_equal
 from oracles.onnx_runners import run_onnxruntime
 from oracles.rotary import pair_indices, rotary_reference
+from rotary.helpers import ROPE, ROPE_GRAD, rotary_graph
 
 LENGTHS = (4, 8, 16, 64)
 CASES = [(op, mode, dtype, cos_dtype, pslice)

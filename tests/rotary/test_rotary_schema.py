@@ -6,7 +6,7 @@ import pytest
 
 import geir
 from geir import GraphError
-from helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
+from rotary.helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
 
 
 def _fails(op, x, c, rule, *facts, dtype="float32", **attrs):

@@ -24,7 +24,9 @@ from geir.runtimes._interpreter import InterpretedExecutable
 from geir.runtimes.numpy import KERNELS
 from geir.runtimes.numpy.moe import moe_token_unpermute
 from geir.runtimes.numpy.rotary import rotary_mul_grad
-from helpers import MOE, ROPE_GRAD, moe_graph, random_feeds
+from helpers import random_feeds
+from moe.helpers import MOE, moe_graph
+from rotary.helpers import ROPE_GRAD
 
 _DTYPES = {d.numpy: d for d in DType}
 

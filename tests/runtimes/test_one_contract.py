@@ -12,7 +12,9 @@ import pytest
 import geir
 from geir import ExecutionError
 from geir.runtimes import runtime_names
-from helpers import ROPE_GRAD, moe_graph, sfa_graph
+from moe.helpers import moe_graph
+from rotary.helpers import ROPE_GRAD
+from sparse_attention.helpers import sfa_graph
 
 RUNTIMES = runtime_names()
 
@@ -99,9 +101,9 @@ def _same_error_on_both(graph: geir.Graph, feeds: dict[str, np.ndarray], rule: s
 
 def _sfa_with_computed_indices(indices: np.ndarray, layout: str = "BSND"):
     """A forward whose sparse_indices are computed inside the graph (fed indices + a constant 0)."""
-    from geir.schemas.sparse_attention.examples import SfaCase
+    from sparse_attention.helpers import AttentionCase
 
-    case = SfaCase(layout=layout, B=1, S1=3, S2=8, N1=2, K=4, bs=2, mode=0)
+    case = AttentionCase(layout=layout, B=1, S1=3, S2=8, N1=2, K=4, bs=2, mode=0)
     arrays = case.arrays()
     b = geir.GraphBuilder("computed_indices")
     feeds = {k: v for k, v in arrays.items() if v is not None and k != "sparse_indices"}
@@ -430,7 +432,7 @@ def test_attention_bodies_follow_the_spec_formula_on_non_finite_values():
     printed = _on_the_bodies("""
         import geir
         import test_one_contract as case
-        from helpers import sfa_graph
+        from sparse_attention.helpers import sfa_graph
         from geir.runtimes.onnxruntime import native_library
         for dtype in ("float16", "bfloat16"):
             for inject in case.SPECIAL_ATTENTION:
@@ -495,7 +497,7 @@ def test_attention_grad_takes_the_statistics_as_they_are(runtime, dtype, stats):
     runtime (the ONNX body used to replace a sum that is not > 0 by 1, hiding a NaN or zero sum of a read row), and
     a non-finite input reaches only what the spec's loops reach (the NumPy kernel's clamped stand-in keys and its
     dense dK/dV span used to carry 0 * inf = NaN to keys and rows that never read it)."""
-    from helpers import SFA_GRAD
+    from sparse_attention.helpers import SFA_GRAD
 
     feeds, attrs = _special_grad_case(dtype, stats)
     g, feeds = sfa_graph(feeds, op=SFA_GRAD, **attrs)
@@ -509,7 +511,7 @@ def test_attention_grad_bodies_take_the_statistics_as_they_are():
     printed = _on_the_bodies("""
         import geir
         import test_one_contract as case
-        from helpers import SFA_GRAD, sfa_graph
+        from sparse_attention.helpers import SFA_GRAD, sfa_graph
         from geir.runtimes.onnxruntime import native_library
         for dtype in ("float16", "bfloat16"):
             for stats in case.GRAD_STATS:

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 import geir
-from geir.schemas.sparse_attention.examples import SfaCase
-from helpers import ROPE_GRAD, moe_grad_graph, random_feeds, rotary_graph, sfa_graph
+from helpers import random_feeds
+from moe.helpers import moe_grad_graph
 from oracles.numerics import bits_equal
+from rotary.helpers import ROPE_GRAD, rotary_graph
+from sparse_attention.helpers import AttentionCase, sfa_graph
 
 RUNTIMES = geir.runtimes.runtime_names()
 
@@ -22,7 +24,7 @@ def _graphs():
     moe = moe_grad_graph((8, 32), (4, 32), 8, (4, 2), "float16", "float32")
     moe_feeds = random_feeds(moe, seed=1)
     moe_feeds["indices"] = np.random.default_rng(0).permutation(8).astype(np.int32)
-    case = SfaCase(mode=3, seed=2)
+    case = AttentionCase(mode=3, seed=2)
     sfa, sfa_feeds = sfa_graph(case.arrays(), scale_value=case.scale, return_softmax_lse=True)
     return [("rotary", rope, random_feeds(rope, seed=3)), ("moe grad", moe, moe_feeds), ("sfa", sfa, sfa_feeds)]
 
@@ -113,7 +115,7 @@ def test_numpy_moe_kernels_write_the_callers_buffers_themselves(op, with_probs):
     not a second copy of the output (that copy made caller buffers slower than fresh outputs)."""
     import tracemalloc
 
-    from helpers import moe_graph
+    from moe.helpers import moe_graph
 
     tokens, topk, hidden = 4096, 4, 1024                      # outputs of 64 MiB (grad) and 16 MiB (forward)
     probs = (tokens, topk) if with_probs else None

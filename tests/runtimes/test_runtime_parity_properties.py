@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import geir
 from geir import ExecutionError
-from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, sfa_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
-from geir.schemas.sparse_attention.examples import SfaCase
+from rotary.helpers import ROPE, ROPE_GRAD
+from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, sfa_graph
 
 NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -108,13 +108,13 @@ def moe_problems(draw):
 
 
 @st.composite
-def sfa_cases(draw) -> SfaCase:
+def sfa_cases(draw) -> AttentionCase:
     """A small attention case: layout, heads and groups, selection, mode, rope, dtype, KV merge and seed drawn."""
     n2 = draw(st.sampled_from([1, 2]))
-    return SfaCase(layout=draw(st.sampled_from(["BSND", "TND"])), N2=n2, N1=n2 * draw(st.sampled_from([1, 2])),
-                   K=draw(st.integers(1, 4)), bs=draw(st.sampled_from([1, 2, 3])), mode=draw(st.sampled_from([0, 3])),
-                   Dr=draw(st.sampled_from([0, 4])), dtype=draw(st.sampled_from(["float16", "bfloat16"])),
-                   kv_merge=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+    return AttentionCase(layout=draw(st.sampled_from(["BSND", "TND"])), N2=n2, N1=n2 * draw(st.sampled_from([1, 2])),
+                         K=draw(st.integers(1, 4)), bs=draw(st.sampled_from([1, 2, 3])), mode=draw(st.sampled_from([0, 3])),
+                         Dr=draw(st.sampled_from([0, 4])), dtype=draw(st.sampled_from(["float16", "bfloat16"])),
+                         kv_merge=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
 @st.composite

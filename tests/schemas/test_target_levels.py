@@ -11,7 +11,9 @@ import pytest
 
 import geir
 from geir.schemas.targets import LEVELS, TARGET_ROWS, TARGETS, ops_with_kernels
-from helpers import ROPE, moe_graph, moe_grad_graph, rotary_graph, sfa_graph
+from moe.helpers import moe_grad_graph, moe_graph
+from rotary.helpers import ROPE, rotary_graph
+from sparse_attention.helpers import sfa_graph
 
 ROOT = Path(__file__).parents[2]
 

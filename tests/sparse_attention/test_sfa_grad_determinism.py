@@ -9,24 +9,24 @@ import numpy as np
 import pytest
 
 import geir
-from helpers import SFA, SFA_GRAD, sfa_graph, sfa_grad_feeds
 from oracles.onnx_runners import run_onnxruntime
-from geir.schemas.sparse_attention.examples import SfaCase
+from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, sfa_grad_feeds, sfa_graph
 
 # CANN's grad tiling UT shapes (D = 128, K = 4 or 8, bs 64, mode 3), and their rope / TND / KV-merge forms
 UT_CASES = {
-    "bsnd_f16": SfaCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, dtype="float16"),
-    "bsnd_bf16": SfaCase(B=2, S1=32, S2=64, N1=16, D=128, D2=128, K=8, bs=64, dtype="bfloat16", seed=1),
-    "bsnd_rope_f16": SfaCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, Dr=64, K=4, bs=64, dtype="float16", seed=2),
-    "bsnd_rope_bf16": SfaCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, Dr=64, K=4, bs=64, dtype="bfloat16", seed=3),
-    "tnd_f16": SfaCase(layout="TND", N1=8, D=128, D2=128, K=4, bs=64, tnd_q=[64], tnd_kv=[128], seed=4),
-    "kv_merge_bf16": SfaCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, kv_merge=True, dtype="bfloat16",
-                             seed=5),
+    "bsnd_f16": AttentionCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, dtype="float16"),
+    "bsnd_bf16": AttentionCase(B=2, S1=32, S2=64, N1=16, D=128, D2=128, K=8, bs=64, dtype="bfloat16", seed=1),
+    "bsnd_rope_f16": AttentionCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, Dr=64, K=4, bs=64, dtype="float16", seed=2),
+    "bsnd_rope_bf16": AttentionCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, Dr=64, K=4, bs=64, dtype="bfloat16",
+                                    seed=3),
+    "tnd_f16": AttentionCase(layout="TND", N1=8, D=128, D2=128, K=4, bs=64, tnd_q=[64], tnd_kv=[128], seed=4),
+    "kv_merge_bf16": AttentionCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, kv_merge=True, dtype="bfloat16",
+                                   seed=5),
 }
 TOLERANCE = {"float16": 5e-3, "bfloat16": 2e-2}   # relative Frobenius error, spec 6.6
 
 
-def _grad_problem(case: SfaCase):
+def _grad_problem(case: AttentionCase):
     arrays = case.arrays()
     # every row selects block 0 and (where causal mode lets it) block 1: duplicate key targets everywhere
     indices = arrays["sparse_indices"]

@@ -12,9 +12,8 @@ import pytest
 
 import geir
 from geir.runtimes.onnxruntime import native_library
-from geir.schemas.sparse_attention.examples import SfaCase, paged_arrays
-from helpers import SFA, SFA_GRAD, sfa_graph, sfa_grad_feeds
 from native_helpers import requires_compiler, run_isolated
+from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, paged_arrays, sfa_grad_feeds, sfa_graph
 
 pytestmark = requires_compiler
 
@@ -24,30 +23,31 @@ only summation order and exp's last bits differ (an output element may land one 
 spec's bound against the float64 oracle is 5e-3 / 2e-2."""
 
 CASES = {
-    "bsnd_f16_mode3_rope": SfaCase(B=2, S1=6, S2=16, N1=4, D=16, D2=16, Dr=8, K=6),
-    "bsnd_bf16_mode0_bs3_gqa": SfaCase(B=2, S1=5, S2=17, N1=6, N2=2, D=24, D2=16, K=4, bs=3, mode=0,
-                                       dtype="bfloat16", seed=1),
-    "tnd_f16_mode3_bs2_rope": SfaCase(layout="TND", N1=4, D=16, D2=16, Dr=8, K=4, bs=2, tnd_q=[3, 7, 7, 12],
-                                      tnd_kv=[5, 5, 14, 20], seed=2),
-    "tnd_bf16_mode0_n2": SfaCase(layout="TND", N1=4, N2=2, D=20, D2=12, K=5, mode=0, dtype="bfloat16", seed=3),
-    "bsnd_f16_one_head_per_group": SfaCase(B=1, S1=9, S2=30, N1=3, N2=3, D=12, D2=12, Dr=4, K=7, mode=0, seed=4),
-    "bsnd_bf16_kv_merge": SfaCase(B=2, S1=8, S2=24, N1=12, D=40, D2=32, K=6, bs=2, kv_merge=True, dtype="bfloat16",
-                                  seed=5),
-    "bsnd_bf16_block_size_int64_max": SfaCase(B=1, S1=4, S2=8, N1=2, D=8, D2=8, K=2, bs=2 ** 63 - 1, dtype="bfloat16",
-                                              seed=10),
-    "bsnd_f16_long_rows": SfaCase(B=1, S1=16, S2=512, N1=8, D=320, D2=264, Dr=16, K=300, mode=0, full=True, seed=6),
+    "bsnd_f16_mode3_rope": AttentionCase(B=2, S1=6, S2=16, N1=4, D=16, D2=16, Dr=8, K=6),
+    "bsnd_bf16_mode0_bs3_gqa": AttentionCase(B=2, S1=5, S2=17, N1=6, N2=2, D=24, D2=16, K=4, bs=3, mode=0,
+                                             dtype="bfloat16", seed=1),
+    "tnd_f16_mode3_bs2_rope": AttentionCase(layout="TND", N1=4, D=16, D2=16, Dr=8, K=4, bs=2, tnd_q=[3, 7, 7, 12],
+                                            tnd_kv=[5, 5, 14, 20], seed=2),
+    "tnd_bf16_mode0_n2": AttentionCase(layout="TND", N1=4, N2=2, D=20, D2=12, K=5, mode=0, dtype="bfloat16", seed=3),
+    "bsnd_f16_one_head_per_group": AttentionCase(B=1, S1=9, S2=30, N1=3, N2=3, D=12, D2=12, Dr=4, K=7, mode=0, seed=4),
+    "bsnd_bf16_kv_merge": AttentionCase(B=2, S1=8, S2=24, N1=12, D=40, D2=32, K=6, bs=2, kv_merge=True,
+                                        dtype="bfloat16", seed=5),
+    "bsnd_bf16_block_size_int64_max": AttentionCase(B=1, S1=4, S2=8, N1=2, D=8, D2=8, K=2, bs=2 ** 63 - 1,
+                                                    dtype="bfloat16", seed=10),
+    "bsnd_f16_long_rows": AttentionCase(B=1, S1=16, S2=512, N1=8, D=320, D2=264, Dr=16, K=300, mode=0, full=True,
+                                        seed=6),
     # key tensors far larger than the keys read (> 2^16 rows): the plan sorts the entries instead of mapping every
     # key row (its memory follows the keys read); two radix passes, and the grad's outputs walk the sorted rows
-    "bsnd_bf16_long_kv_read_sparsely": SfaCase(B=2, S1=4, S2=40000, N1=4, N2=2, D=8, D2=8, K=4, bs=2, mode=0,
-                                               full=True, dtype="bfloat16", seed=11),
-    "tnd_f16_long_kv_read_sparsely": SfaCase(layout="TND", N1=2, D=8, D2=4, Dr=4, K=3, bs=4, tnd_q=[3, 7],
-                                             tnd_kv=[30000, 70000], full=True, seed=12),
+    "bsnd_bf16_long_kv_read_sparsely": AttentionCase(B=2, S1=4, S2=40000, N1=4, N2=2, D=8, D2=8, K=4, bs=2, mode=0,
+                                                     full=True, dtype="bfloat16", seed=11),
+    "tnd_f16_long_kv_read_sparsely": AttentionCase(layout="TND", N1=2, D=8, D2=4, Dr=4, K=3, bs=4, tnd_q=[3, 7],
+                                                   tnd_kv=[30000, 70000], full=True, seed=12),
 }
 FORWARD_ONLY = {
-    "bsnd_f16_sinks_lengths": SfaCase(B=3, S1=6, S2=12, N1=6, N2=3, D=16, D2=8, K=4, bs=2, sinks=True, lengths=True,
-                                      mode=0, seed=7),
-    "bsnd_bf16_sinks_mode3": SfaCase(B=2, S1=6, S2=10, N1=4, D=16, D2=16, Dr=8, K=5, sinks=True, lengths=True,
-                                     dtype="bfloat16", seed=8),
+    "bsnd_f16_sinks_lengths": AttentionCase(B=3, S1=6, S2=12, N1=6, N2=3, D=16, D2=8, K=4, bs=2, sinks=True,
+                                            lengths=True, mode=0, seed=7),
+    "bsnd_bf16_sinks_mode3": AttentionCase(B=2, S1=6, S2=10, N1=4, D=16, D2=16, Dr=8, K=5, sinks=True, lengths=True,
+                                           dtype="bfloat16", seed=8),
 }
 
 
@@ -69,14 +69,14 @@ def _assert_agrees(got: dict, want: dict, dtype: str) -> None:
             assert (a[structural] == 0).all(), name
 
 
-def _forward(case: SfaCase, arrays: dict | None = None):
+def _forward(case: AttentionCase, arrays: dict | None = None):
     arrays = case.arrays() if arrays is None else arrays
     if case.kv_merge:
         arrays = dict(arrays, value=np.ascontiguousarray(arrays["key"][..., :case.D2]))
     return sfa_graph(arrays, SFA, **case.forward_attrs())
 
 
-def _grad(case: SfaCase):
+def _grad(case: AttentionCase):
     arrays = case.arrays()
     graph, feeds = _forward(case, arrays)
     out = geir.run(graph, feeds)
@@ -111,8 +111,8 @@ def test_native_grad_agrees_with_numpy(name):
 def test_native_paged_forward_agrees_with_the_dense_forward(layout, dtype, spare_pages):
     """Paged KV (spec 4.11): the native kernel on the paged cache equals the NumPy runtime on the dense keys, also
     when the cache holds far more pages than the call reads (5000 spare: the plan sorts the keys it reads)."""
-    case = SfaCase(layout=layout, B=2, S1=5, S2=40, N1=4, D=16, D2=16, Dr=8, K=5, bs=2, dtype=dtype, seed=9,
-                   tnd_q=[4, 9], tnd_kv=[19, 40])
+    case = AttentionCase(layout=layout, B=2, S1=5, S2=40, N1=4, D=16, D2=16, Dr=8, K=5, bs=2, dtype=dtype, seed=9,
+                         tnd_q=[4, 9], tnd_kv=[19, 40])
     arrays = case.arrays()
     dense, dense_feeds = _forward(case, arrays)
     paged = paged_arrays(arrays, layout, 16, np.random.default_rng(3), spare_pages=spare_pages)

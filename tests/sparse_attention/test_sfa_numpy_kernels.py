@@ -12,16 +12,15 @@ from geir import ExecutionError
 from geir.runtimes.numpy import sparse_attention as kernels
 from geir.runtimes.numpy.sparse_attention import sparse_flash_attention, sparse_flash_attention_grad
 from geir.schemas.sparse_attention.selection import candidates, query_rows
-from helpers import SFA, SFA_GRAD, sfa_graph
-from oracles.sfa import batches, forward_reference, grad_reference, select
-from oracles.numerics import assert_within_ulps_of_scale
-from geir.schemas.sparse_attention.examples import SfaCase
 from helpers import NP
+from oracles.numerics import assert_within_ulps_of_scale
+from oracles.sfa import batches, forward_reference, grad_reference, select
+from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, sfa_graph
 
 GRAD_NAMES = ("d_query", "d_key", "d_value", "d_query_rope", "d_key_rope")
 
 
-def run_forward_kernel(c: SfaCase, a: dict, value=None):
+def run_forward_kernel(c: AttentionCase, a: dict, value=None):
     v = a["value"] if value is None else value
     return sparse_flash_attention(a["query"], a["key"], v, a["sparse_indices"], None, a["actual_seq_lengths_query"],
                                   a["actual_seq_lengths_kv"], a["query_rope"], a["key_rope"], a["sinks"],
@@ -31,7 +30,7 @@ def run_forward_kernel(c: SfaCase, a: dict, value=None):
 _FROM_CASE = object()
 
 
-def run_grad_kernel(c: SfaCase, a: dict, d_out, out, mx, sm, value=_FROM_CASE):
+def run_grad_kernel(c: AttentionCase, a: dict, d_out, out, mx, sm, value=_FROM_CASE):
     tnd = c.layout == "TND"
     return sparse_flash_attention_grad(
         a["query"], a["key"], a["sparse_indices"], d_out, out, mx, sm, a["value"] if value is _FROM_CASE else value,
@@ -39,14 +38,14 @@ def run_grad_kernel(c: SfaCase, a: dict, d_out, out, mx, sm, value=_FROM_CASE):
         a["query_rope"], a["key_rope"], **c.grad_attrs())
 
 
-def reference_forward(c: SfaCase, a: dict, value=None, round_to=None):
+def reference_forward(c: AttentionCase, a: dict, value=None, round_to=None):
     return forward_reference(a["query"], a["key"], a["value"] if value is None else value, a["sparse_indices"],
                              scale=c.scale, bs=c.bs, layout=c.layout, mode=c.mode, aq=a["actual_seq_lengths_query"],
                              akv=a["actual_seq_lengths_kv"], query_rope=a["query_rope"], key_rope=a["key_rope"],
                              sinks=a["sinks"], round_to=round_to)
 
 
-def reference_grad(c: SfaCase, a: dict, d_out, out, mx, sm, round_to=None):
+def reference_grad(c: AttentionCase, a: dict, d_out, out, mx, sm, round_to=None):
     tnd = c.layout == "TND"
     return grad_reference(a["query"], a["key"], a["sparse_indices"], d_out, out, mx, sm, scale=c.scale,
                           value=a["value"], bs=c.bs, layout=c.layout, mode=c.mode,
@@ -55,7 +54,7 @@ def reference_grad(c: SfaCase, a: dict, d_out, out, mx, sm, round_to=None):
                           key_rope=a["key_rope"], round_to=round_to)
 
 
-def fwd_grad_graph(c: SfaCase, a: dict):
+def fwd_grad_graph(c: AttentionCase, a: dict):
     """Forward and grad in one graph: the forward's outputs feed the grad (the demo's shape too)."""
     b = geir.GraphBuilder("sfa_train")
     inputs = {k: b.input(k, v.dtype, v.shape) for k, v in a.items() if v is not None}
@@ -88,7 +87,7 @@ def test_e1_forward_and_grad_in_one_graph(dtype):
          "sparse_indices": np.array([0, 2, -1, -1], np.int32).reshape(1, 1, 1, 4),
          "actual_seq_lengths_query": None, "actual_seq_lengths_kv": None, "query_rope": None, "key_rope": None,
          "sinks": None}
-    c = SfaCase(D=4, D2=4, N1=2, mode=0, scale_value=0.5)
+    c = AttentionCase(D=4, D2=4, N1=2, mode=0, scale_value=0.5)
     g = fwd_grad_graph(c, a)
     feeds = {k: v for k, v in a.items() if v is not None} | {"d_out": np.ones((1, 1, 2, 4), dt)}
     r = geir.run(g, feeds)
@@ -130,8 +129,8 @@ GRID = list(itertools.product((0, 4), (False, True), (1, 2), (False, True), (Fal
 @pytest.mark.parametrize("layout, mode, bs", list(itertools.product(("BSND", "TND"), (0, 3), (1, 2, 4))))
 def test_float64_kernels_match_the_reference(layout, mode, bs):
     for dr, merge, n2, sinks, lengths in GRID:
-        c = SfaCase(layout=layout, mode=mode, bs=bs, Dr=dr, kv_merge=merge, N2=n2, sinks=sinks, lengths=lengths,
-                    N1=4, D2=6, dtype="float64", seed=bs + n2 + dr)
+        c = AttentionCase(layout=layout, mode=mode, bs=bs, Dr=dr, kv_merge=merge, N2=n2, sinks=sinks, lengths=lengths,
+                          N1=4, D2=6, dtype="float64", seed=bs + n2 + dr)
         a = c.arrays()
         value = a["value"] if a["value"] is not None else a["key"][..., :c.D2].copy()
         out, mx, sm = run_forward_kernel(c, a, value)
@@ -154,8 +153,8 @@ def test_float64_kernels_match_the_reference(layout, mode, bs):
     ("BSND", 3, 1, 0, 1, False), ("BSND", 0, 2, 4, 2, True), ("TND", 3, 4, 4, 1, False), ("TND", 0, 1, 0, 2, True),
     ("BSND", 3, 4, 4, 1, True), ("TND", 3, 2, 0, 1, False)])
 def test_half_precision_graphs_match_the_rounding_reference(dtype, layout, mode, bs, dr, n2, sinks):
-    c = SfaCase(layout=layout, mode=mode, bs=bs, Dr=dr, N2=n2, N1=4, sinks=sinks, dtype=dtype, S1=6, S2=11,
-                D=16, D2=12, K=5, seed=7, tnd_q=[4, 9], tnd_kv=[5, 13])
+    c = AttentionCase(layout=layout, mode=mode, bs=bs, Dr=dr, N2=n2, N1=4, sinks=sinks, dtype=dtype, S1=6, S2=11,
+                      D=16, D2=12, K=5, seed=7, tnd_q=[4, 9], tnd_kv=[5, 13])
     a = c.arrays()
     g = fwd_grad_graph(c, a)
     d_out = np.random.default_rng(3).standard_normal(a["query"].shape[:-1] + (c.D2,)).astype(NP[dtype])
@@ -182,8 +181,8 @@ def test_half_precision_graphs_match_the_rounding_reference(dtype, layout, mode,
     ("BSND", 3, 1, 0, False, 1, False), ("BSND", 0, 2, 3, False, 2, True), ("TND", 3, 1, 3, True, 1, False),
     ("TND", 0, 3, 0, False, 2, False), ("BSND", 3, 2, 3, True, 2, True)])
 def test_grad_is_the_vjp_of_the_forward(layout, mode, bs, dr, merge, n2, sinks):
-    c = SfaCase(layout=layout, mode=mode, bs=bs, Dr=dr, kv_merge=merge, N2=n2, N1=2 * n2, sinks=sinks, dtype="float64",
-                B=1, S1=3, S2=5, D=3, D2=2, K=3, seed=5, tnd_q=[2, 4], tnd_kv=[3, 6])
+    c = AttentionCase(layout=layout, mode=mode, bs=bs, Dr=dr, kv_merge=merge, N2=n2, N1=2 * n2, sinks=sinks,
+                      dtype="float64", B=1, S1=3, S2=5, D=3, D2=2, K=3, seed=5, tnd_q=[2, 4], tnd_kv=[3, 6])
     a = c.arrays()
     d_out = np.random.default_rng(9).standard_normal(a["query"].shape[:-1] + (c.D2,))
     names = ["query", "key"] + (["value"] if not merge else []) + (["query_rope", "key_rope"] if dr else [])
@@ -208,7 +207,7 @@ def test_grad_is_the_vjp_of_the_forward(layout, mode, bs, dr, merge, n2, sinks):
 
 
 # -- identity 6 and 8: dense masked attention in float64 ---------------------------------------------
-def dense_oracle(c: SfaCase, a: dict):
+def dense_oracle(c: AttentionCase, a: dict):
     """Dense masked attention and its backward, float64, one batch/head at a time via full matrices."""
     q64 = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731
     query, key, value = q64(a["query"]), q64(a["key"]), q64(a["value"])
@@ -250,8 +249,8 @@ def dense_oracle(c: SfaCase, a: dict):
 @pytest.mark.parametrize("dtype, limit", [("float16", 5e-3), ("bfloat16", 2e-2)])
 @pytest.mark.parametrize("layout, mode, bs", [("BSND", 3, 1), ("BSND", 0, 4), ("TND", 3, 2), ("TND", 0, 1)])
 def test_dense_oracle_and_log_sum_exp(dtype, limit, layout, mode, bs):
-    c = SfaCase(layout=layout, mode=mode, bs=bs, Dr=8, N1=4, N2=2, dtype=dtype, S1=7, S2=12, D=16, D2=16, K=6,
-                seed=11, tnd_q=[3, 8], tnd_kv=[6, 14])
+    c = AttentionCase(layout=layout, mode=mode, bs=bs, Dr=8, N1=4, N2=2, dtype=dtype, S1=7, S2=12, D=16, D2=16, K=6,
+                      seed=11, tnd_q=[3, 8], tnd_kv=[6, 14])
     a = c.arrays()
     out, mx, sm = run_forward_kernel(c, a)
     dense_out, lse = dense_oracle(c, a)
@@ -266,7 +265,7 @@ def test_dense_oracle_and_log_sum_exp(dtype, limit, layout, mode, bs):
 
 # -- identity 7: structure ----------------------------------------------------------------------------
 def test_n2_heads_are_independent_problems():
-    c = SfaCase(N1=6, N2=3, Dr=4, dtype="float64", seed=2)
+    c = AttentionCase(N1=6, N2=3, Dr=4, dtype="float64", seed=2)
     a = c.arrays()
     out, mx, sm = run_forward_kernel(c, a)
     for h2 in range(3):
@@ -275,14 +274,14 @@ def test_n2_heads_are_independent_problems():
             part[name] = a[name][:, :, h2:h2 + 1]
         for name in ("query", "query_rope"):
             part[name] = a[name][:, :, 2 * h2:2 * h2 + 2]
-        sub = SfaCase(N1=2, N2=1, Dr=4, dtype="float64")
+        sub = AttentionCase(N1=2, N2=1, Dr=4, dtype="float64")
         o, m, s = run_forward_kernel(sub, part)
         np.testing.assert_allclose(out[:, :, 2 * h2:2 * h2 + 2], o, rtol=1e-13, atol=1e-13)
         np.testing.assert_allclose(mx[:, h2:h2 + 1], m, rtol=1e-13)
 
 
 def test_permuting_valid_entries_changes_nothing_beyond_rounding():
-    c = SfaCase(mode=0, K=6, S2=20, dtype="float16", seed=4)
+    c = AttentionCase(mode=0, K=6, S2=20, dtype="float16", seed=4)
     a = c.arrays()
     out, mx, sm = run_forward_kernel(c, a)
     rng = np.random.default_rng(0)
@@ -297,7 +296,7 @@ def test_permuting_valid_entries_changes_nothing_beyond_rounding():
 
 
 def test_block_size_equals_expanded_positions():
-    c = SfaCase(mode=3, bs=3, K=3, S1=4, S2=10, dtype="float64", seed=6)
+    c = AttentionCase(mode=3, bs=3, K=3, S1=4, S2=10, dtype="float64", seed=6)
     a = c.arrays()
     expanded = np.full(a["sparse_indices"].shape[:-1] + (c.K * c.bs,), -1, np.int32)
     for _, s1b, s2b, qrow, _, _ in batches("BSND", a["query"].shape, a["key"].shape, None, None, True):
@@ -305,13 +304,13 @@ def test_block_size_equals_expanded_positions():
             thr = s2b - s1b + s1 + 1
             pos = select(a["sparse_indices"][qrow(s1) + (0,)], thr, c.bs)
             expanded[qrow(s1) + (0, slice(0, len(pos)))] = pos
-    fine = SfaCase(mode=3, bs=1, K=9, S1=4, S2=10, dtype="float64")
+    fine = AttentionCase(mode=3, bs=1, K=9, S1=4, S2=10, dtype="float64")
     for got, want in zip(run_forward_kernel(c, a), run_forward_kernel(fine, dict(a, sparse_indices=expanded))):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
 
 
 def test_kv_merge_equals_value_from_key():
-    c = SfaCase(kv_merge=True, D=8, D2=5, Dr=3, dtype="float64", seed=8)
+    c = AttentionCase(kv_merge=True, D=8, D2=5, Dr=3, dtype="float64", seed=8)
     a = c.arrays()
     value = a["key"][..., :5].copy()
     out, mx, sm = run_forward_kernel(c, a, value)
@@ -326,7 +325,7 @@ def test_kv_merge_equals_value_from_key():
 
 
 def test_rows_without_keys_give_zeros_and_sinks_stats():
-    c = SfaCase(mode=0, sinks=True, K=3, dtype="float64", seed=1)
+    c = AttentionCase(mode=0, sinks=True, K=3, dtype="float64", seed=1)
     a = c.arrays()
     a["sparse_indices"][0, 1] = -1                  # (b=0, s1=1): no key selected
     out, mx, sm = run_forward_kernel(c, a)
@@ -336,7 +335,7 @@ def test_rows_without_keys_give_zeros_and_sinks_stats():
     d_out = np.ones_like(out)
     dq = run_grad_kernel(c, a, d_out, out, mx, sm)[0]
     assert not dq[0, 1].any()
-    c3 = SfaCase(mode=3, sinks=True, lengths=True, S1=5, S2=2, dtype="float64", seed=2)  # thr <= 0 rows: all zero
+    c3 = AttentionCase(mode=3, sinks=True, lengths=True, S1=5, S2=2, dtype="float64", seed=2)  # thr <= 0 rows: all zero
     a3 = c3.arrays()
     a3["actual_seq_lengths_query"][:] = 5
     a3["actual_seq_lengths_kv"][:] = 2
@@ -345,7 +344,8 @@ def test_rows_without_keys_give_zeros_and_sinks_stats():
 
 
 def test_blocks_and_threads_do_not_change_results(monkeypatch):
-    c = SfaCase(layout="TND", mode=3, bs=2, Dr=4, N2=2, N1=4, dtype="bfloat16", seed=3, tnd_q=[5, 11], tnd_kv=[7, 16])
+    c = AttentionCase(layout="TND", mode=3, bs=2, Dr=4, N2=2, N1=4, dtype="bfloat16", seed=3, tnd_q=[5, 11],
+                      tnd_kv=[7, 16])
     a = c.arrays()
     out, mx, sm = run_forward_kernel(c, a)
     d_out = np.ones_like(out)
@@ -363,7 +363,7 @@ def test_grad_adds_thread_partials_in_chunk_order_not_finishing_order(monkeypatc
     """Each thread sums its chunk of blocks into a partial [dK | dV]; the partials must be added in chunk
     order, whichever thread finishes first (with three or more, sums differ by order). float64 (the test
     hook) so that no final rounding to a 16-bit type hides a difference in the last bits."""
-    c = SfaCase(mode=0, K=16, S1=24, S2=64, N1=8, D=32, D2=32, dtype="float64", seed=5)
+    c = AttentionCase(mode=0, K=16, S1=24, S2=64, N1=8, D=32, D2=32, dtype="float64", seed=5)
     a = c.arrays()
     out, mx, sm = run_forward_kernel(c, a)
     d_out = np.random.default_rng(1).standard_normal(out.shape)
@@ -415,7 +415,7 @@ def _validate(feeds, op=SFA, **attrs):
 
 
 def _tnd_feeds(aq, akv, indices=None):
-    c = SfaCase(layout="TND", K=3, tnd_q=[2, 5], tnd_kv=[4, 9])
+    c = AttentionCase(layout="TND", K=3, tnd_q=[2, 5], tnd_kv=[4, 9])
     a = c.arrays()
     a["actual_seq_lengths_query"] = np.array(aq, np.int32)
     a["actual_seq_lengths_kv"] = np.array(akv, np.int32)
@@ -438,7 +438,7 @@ def test_tnd_lengths(aq, akv, fact):
 
 
 def test_bsnd_forward_lengths():
-    c = SfaCase(lengths=True)
+    c = AttentionCase(lengths=True)
     a = c.arrays()
     a["actual_seq_lengths_kv"] = np.array([3, 10], np.int32)
     with pytest.raises(ExecutionError, match=r"\[SF-D2\] .*input 6 'actual_seq_lengths_kv' position 1: "
@@ -453,7 +453,7 @@ def test_bsnd_forward_lengths():
     ([-2, -1, -1], "entry 0: expected -1 or a block id in [0, 9)"),
 ])
 def test_sparse_indices_validation(row, fact):
-    c = SfaCase(mode=0, K=3)
+    c = AttentionCase(mode=0, K=3)
     a = c.arrays()
     a["sparse_indices"][1, 2, 0] = row
     with pytest.raises(ExecutionError) as err:
@@ -464,7 +464,7 @@ def test_sparse_indices_validation(row, fact):
 
 
 def test_grad_validates_tnd_rows_and_ignores_unread_rows():
-    c = SfaCase(layout="TND", mode=3, K=3, tnd_q=[2, 5], tnd_kv=[4, 9])
+    c = AttentionCase(layout="TND", mode=3, K=3, tnd_q=[2, 5], tnd_kv=[4, 9])
     a = c.arrays()
     out = np.zeros(a["query"].shape[:-1] + (c.D2,), np.float16)
     stats = np.ones((1, a["query"].shape[0], 4), np.float32)
@@ -482,7 +482,7 @@ def test_grad_validates_tnd_rows_and_ignores_unread_rows():
 
 
 # -- CANN example shapes (spec 4.10) -------------------------------------------------------------
-def _check_graph_against_reference(c: SfaCase, a: dict):
+def _check_graph_against_reference(c: AttentionCase, a: dict):
     g = fwd_grad_graph(c, a)
     dt = NP[c.dtype]
     d_out = np.random.default_rng(5).standard_normal(a["query"].shape[:-1] + (c.D2,)).astype(dt)
@@ -497,8 +497,8 @@ def _check_graph_against_reference(c: SfaCase, a: dict):
 
 def test_aclnn_example_shapes_tnd_rope_and_sinks():
     for sinks in (False, True):
-        c = SfaCase(layout="TND", mode=0, N1=16, N2=1, D=512, D2=512, Dr=64, K=2048, dtype="float16", sinks=sinks,
-                    tnd_q=[1], tnd_kv=[2048], seed=1)
+        c = AttentionCase(layout="TND", mode=0, N1=16, N2=1, D=512, D2=512, Dr=64, K=2048, dtype="float16", sinks=sinks,
+                          tnd_q=[1], tnd_kv=[2048], seed=1)
         a = c.arrays()
         a = {k: (v[:1] if k in ("query", "query_rope", "sparse_indices") else v[:2048]
                  if k in ("key", "value", "key_rope") else v) for k, v in a.items()}
@@ -509,11 +509,12 @@ def test_aclnn_example_shapes_tnd_rope_and_sinks():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_grad_tiling_ut_shapes(dtype):
-    cases = [SfaCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, mode=3, dtype=dtype),
-             SfaCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, mode=3, Dr=64, dtype=dtype),
-             SfaCase(layout="TND", N1=8, D=128, D2=128, K=4, bs=64, mode=3, tnd_q=[64], tnd_kv=[128], dtype=dtype)]
+    cases = [AttentionCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, mode=3, dtype=dtype),
+             AttentionCase(B=1, S1=64, S2=128, N1=8, D=128, D2=128, K=4, bs=64, mode=3, Dr=64, dtype=dtype),
+             AttentionCase(layout="TND", N1=8, D=128, D2=128, K=4, bs=64, mode=3, tnd_q=[64], tnd_kv=[128],
+                           dtype=dtype)]
     if dtype == "bfloat16":
-        cases.append(SfaCase(B=2, S1=32, S2=64, N1=16, D=128, D2=128, K=8, bs=64, mode=3, dtype=dtype))
+        cases.append(AttentionCase(B=2, S1=32, S2=64, N1=16, D=128, D2=128, K=8, bs=64, mode=3, dtype=dtype))
     for c in cases:
         a = c.arrays()
         if c.layout == "TND":
@@ -523,7 +524,7 @@ def test_grad_tiling_ut_shapes(dtype):
 
 
 def test_forward_paramset_multi_batch_with_zero_lengths():
-    c = SfaCase(B=32, S1=6, S2=512, N1=64, D=64, D2=64, K=32, mode=3, lengths=True, dtype="bfloat16", seed=2)
+    c = AttentionCase(B=32, S1=6, S2=512, N1=64, D=64, D2=64, K=32, mode=3, lengths=True, dtype="bfloat16", seed=2)
     a = c.arrays()
     a["actual_seq_lengths_query"][:3] = 0
     a["actual_seq_lengths_kv"][3:5] = 0
@@ -537,7 +538,7 @@ def test_forward_paramset_multi_batch_with_zero_lengths():
 @pytest.mark.slow
 def test_forward_paramset_bsnd_basic_long_kv():
     """bsnd_basic: f16 B=1 S1=5 S2=262144 N1=8 K=16 mode 0, lengths [4]/[4], D=512, Dr=64."""
-    c = SfaCase(B=1, S1=5, S2=262144, N1=8, D=512, D2=512, Dr=64, K=16, mode=0, lengths=True, dtype="float16")
+    c = AttentionCase(B=1, S1=5, S2=262144, N1=8, D=512, D2=512, Dr=64, K=16, mode=0, lengths=True, dtype="float16")
     rng = np.random.default_rng(0)
     a = {"query": rng.standard_normal((1, 5, 8, 512)).astype(np.float16),
          "key": np.zeros((1, 262144, 1, 512), np.float16), "value": np.zeros((1, 262144, 1, 512), np.float16),
@@ -556,8 +557,8 @@ def test_forward_paramset_bsnd_basic_long_kv():
 
 
 def test_tnd_basic_paramset():
-    c = SfaCase(layout="TND", N1=8, D=64, D2=64, Dr=16, K=32, mode=0, tnd_q=[4, 8], tnd_kv=[1111, 3000],
-                dtype="float16", seed=3)
+    c = AttentionCase(layout="TND", N1=8, D=64, D2=64, Dr=16, K=32, mode=0, tnd_q=[4, 8], tnd_kv=[1111, 3000],
+                      dtype="float16", seed=3)
     a = c.arrays()
     _check_graph_against_reference(c, a)
 
@@ -569,7 +570,7 @@ def test_intermediate_roundings_are_where_the_spec_puts_them(dtype):
     With the spec's roundings the kernel equals the rounding reference on (nearly) every
     element and the unrounded reference on only ~70%; a kernel that skipped them flips both.
     """
-    c = SfaCase(mode=0, K=16, S1=8, S2=32, N1=8, D=32, D2=32, dtype=dtype, seed=1)
+    c = AttentionCase(mode=0, K=16, S1=8, S2=32, N1=8, D=32, D2=32, dtype=dtype, seed=1)
     a = c.arrays()
     dt = NP[dtype]
     out, mx, sm = run_forward_kernel(c, a)
@@ -586,8 +587,8 @@ def test_intermediate_roundings_are_where_the_spec_puts_them(dtype):
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_dense_and_scatter_accumulation_agree(monkeypatch, layout):
     """dK/dV go through a dense GEMM over the key span or a sort-and-add scatter: same sums."""
-    c = SfaCase(layout=layout, mode=3, bs=2, Dr=4, N2=2, N1=4, D2=6, kv_merge=layout == "TND", dtype="float64",
-                S2=30, K=3, seed=12, tnd_q=[5, 11], tnd_kv=[17, 40])
+    c = AttentionCase(layout=layout, mode=3, bs=2, Dr=4, N2=2, N1=4, D2=6, kv_merge=layout == "TND", dtype="float64",
+                      S2=30, K=3, seed=12, tnd_q=[5, 11], tnd_kv=[17, 40])
     a = c.arrays()
     value = a["value"] if a["value"] is not None else a["key"][..., :c.D2]
     out, mx, sm = run_forward_kernel(c, a, value)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import geir
-from geir.schemas.sparse_attention.examples import SfaCase, paged_arrays
 from geir.schemas.sparse_attention.paging import gather_dense, paged_keys
 from oracles.numerics import bits_equal
 from oracles.onnx_runners import run_onnxruntime
+from sparse_attention.helpers import AttentionCase, paged_arrays
 
 SFA = "SparseFlashAttention"
 
@@ -25,7 +25,7 @@ def _graph(feeds: dict, **attrs) -> geir.Graph:
     return b.build()
 
 
-def _attrs(case: SfaCase, **extra) -> dict:
+def _attrs(case: AttentionCase, **extra) -> dict:
     attrs = dict(case.forward_attrs(), return_softmax_lse=False)
     attrs.update(extra)
     return attrs
@@ -35,8 +35,8 @@ def _feeds(arrays: dict) -> dict:
     return {k: v for k, v in arrays.items() if v is not None}
 
 
-CASES = [SfaCase(layout=layout, mode=mode, bs=bs, S1=5, S2=40, K=6, N1=4, N2=n2, D=16, D2=16, Dr=dr, tnd_kv=[20, 40],
-                 tnd_q=[3, 5], lengths=layout == "BSND", dtype=dtype, seed=seed)
+CASES = [AttentionCase(layout=layout, mode=mode, bs=bs, S1=5, S2=40, K=6, N1=4, N2=n2, D=16, D2=16, Dr=dr, tnd_kv=[20,
+                       40], tnd_q=[3, 5], lengths=layout == "BSND", dtype=dtype, seed=seed)
          for layout, mode, bs, n2, dr, dtype, seed in [
              ("BSND", 3, 1, 1, 8, "float16", 0), ("BSND", 0, 2, 1, 0, "bfloat16", 1), ("BSND", 3, 4, 2, 8, "float16", 2),
              ("TND", 3, 1, 1, 8, "bfloat16", 3), ("TND", 0, 2, 2, 0, "float16", 4), ("TND", 3, 16, 1, 8, "float16", 5)]]
@@ -59,8 +59,8 @@ def test_a_paged_cache_gives_the_dense_result_bit_for_bit(case):
 
 def test_the_statement_of_the_addressing_and_the_body_agree():
     """paged_keys maps the logical keys to their homes; a probe (one-hot values) reads the body's addressing back."""
-    case = SfaCase(layout="TND", mode=0, bs=1, K=8, N1=2, D=16, D2=16, tnd_kv=[5, 9], tnd_q=[2, 4], dtype="float16",
-                   full=True, seed=7)
+    case = AttentionCase(layout="TND", mode=0, bs=1, K=8, N1=2, D=16, D2=16, tnd_kv=[5, 9], tnd_q=[2, 4],
+                         dtype="float16", full=True, seed=7)
     dense = case.arrays()
     paged = paged_arrays(dense, "TND", 16, np.random.default_rng(1))
     keys = paged_keys("TND", paged["block_table"], paged["actual_seq_lengths_kv"], 16, paged["key"].shape[0])
@@ -71,7 +71,7 @@ def test_the_statement_of_the_addressing_and_the_body_agree():
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_value_from_the_keys_prefix_matches_cann_golden_convention(layout):
     """CANN's golden and 950 kernel take V = key[..., :D2]; with value given as that prefix both agree."""
-    case = SfaCase(layout=layout, mode=3, D=16, D2=8, S2=32, tnd_kv=[16, 32], lengths=layout == "BSND", seed=9)
+    case = AttentionCase(layout=layout, mode=3, D=16, D2=8, S2=32, tnd_kv=[16, 32], lengths=layout == "BSND", seed=9)
     dense = case.arrays()
     dense["value"] = np.ascontiguousarray(dense["key"][..., :8])
     paged = paged_arrays(dense, layout, 16, np.random.default_rng(2))
@@ -85,7 +85,8 @@ def test_value_from_the_keys_prefix_matches_cann_golden_convention(layout):
 def test_cann_parameter_sets_scaled_down(runtime):
     """pa_bsnd (BSND fp16, B=2, mode 3, bs 1, table (2, 4), aq [18, 93] -> scaled) and tnd_pa_multi_batch
     (TND bf16, B=4, aq [2, 6, 11, 15], akv equal per batch, a table of two ids then -1s)."""
-    bsnd = SfaCase(layout="BSND", B=2, S1=12, S2=64, N1=8, D=32, D2=32, Dr=16, K=32, bs=1, mode=3, full=True, seed=11)
+    bsnd = AttentionCase(layout="BSND", B=2, S1=12, S2=64, N1=8, D=32, D2=32, Dr=16, K=32, bs=1, mode=3, full=True,
+                         seed=11)
     dense = bsnd.arrays()
     dense["actual_seq_lengths_query"] = np.array([3, 12], np.int32)
     dense["actual_seq_lengths_kv"] = np.array([64, 64], np.int32)
@@ -94,8 +95,8 @@ def test_cann_parameter_sets_scaled_down(runtime):
     want = geir.run(_graph(dense, **_attrs(bsnd)), _feeds(dense))["attention_out"]
     got = geir.run(_graph(paged, **_attrs(bsnd, layout_kv="PA_BSND")), _feeds(paged), runtime=runtime)["attention_out"]
     geir.testing.assert_close(got, want, standard="precision_standard", name="pa_bsnd")
-    tnd = SfaCase(layout="TND", N1=8, D=32, D2=32, Dr=16, K=8, bs=1, mode=3, tnd_q=[2, 6, 11, 15],
-                  tnd_kv=[32, 64, 96, 128], dtype="bfloat16", full=True, seed=12)
+    tnd = AttentionCase(layout="TND", N1=8, D=32, D2=32, Dr=16, K=8, bs=1, mode=3, tnd_q=[2, 6, 11, 15],
+                        tnd_kv=[32, 64, 96, 128], dtype="bfloat16", full=True, seed=12)
     dense = tnd.arrays()
     paged = paged_arrays(dense, "TND", 16, np.random.default_rng(4))
     assert (paged["block_table"][:, :2] >= 0).all() and (paged["block_table"][:, 2:] == -1).all()
@@ -105,7 +106,7 @@ def test_cann_parameter_sets_scaled_down(runtime):
 
 
 def _paged_base(**changes):
-    case = SfaCase(layout="BSND", mode=3, S2=32, D=16, D2=16, Dr=8, lengths=True, seed=13)
+    case = AttentionCase(layout="BSND", mode=3, S2=32, D=16, D2=16, Dr=8, lengths=True, seed=13)
     paged = paged_arrays(case.arrays(), "BSND", 16, np.random.default_rng(5))
     paged.update(changes)
     return case, paged
@@ -133,7 +134,7 @@ def test_every_paged_rule_names_tensor_dim_expected_and_actual(changes, attrs, r
 @pytest.mark.parametrize("page, fact", [(24, "expected a page size divisible by 16, got 24"),
                                         (2048, "expected a page size in 1..1024, got 2048")])
 def test_page_size_rule(page, fact):
-    case = SfaCase(layout="BSND", mode=3, S2=32, D=16, D2=16, lengths=True, seed=13)
+    case = AttentionCase(layout="BSND", mode=3, S2=32, D=16, D2=16, lengths=True, seed=13)
     paged = paged_arrays(case.arrays(), "BSND", page, np.random.default_rng(5))
     with pytest.raises(geir.GraphError, match=r"\[PA-S4\].*" + fact):
         _graph(paged, **_attrs(case, layout_kv="PA_BSND"))
@@ -155,7 +156,7 @@ def test_pa_s6_on_ascend950():
     (lambda f: f["block_table"].__setitem__((1, 1), 99), "expected a page id in [0, 7) (block_num), got 99"),
 ])
 def test_bad_lengths_and_pages_are_caught_on_both_runtimes_with_one_text(breaking, fact):
-    case = SfaCase(layout="BSND", mode=0, S2=32, D=16, D2=16, K=4, full=True, seed=14)
+    case = AttentionCase(layout="BSND", mode=0, S2=32, D=16, D2=16, K=4, full=True, seed=14)
     arrays = case.arrays()
     arrays["actual_seq_lengths_kv"] = np.array([32, 32], np.int32)
     paged = paged_arrays(arrays, "BSND", 16, np.random.default_rng(6), spare_pages=3)

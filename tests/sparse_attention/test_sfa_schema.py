@@ -8,7 +8,7 @@ import pytest
 import geir
 from geir import GeirWarning, GraphError
 from geir.schemas import get_schema
-from helpers import SFA, SFA_GRAD, sfa_graph
+from sparse_attention.helpers import SFA, SFA_GRAD, sfa_graph
 
 F16 = np.float16
 

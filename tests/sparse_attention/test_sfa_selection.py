@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import geir
-from geir.schemas.sparse_attention.examples import SfaCase
 from geir.schemas.sparse_attention.selection import candidates, query_rows
 from oracles.onnx_runners import run_onnxruntime
+from sparse_attention.helpers import AttentionCase
 
 
-def _probe(case: SfaCase) -> tuple[geir.Graph, dict[str, np.ndarray]]:
+def _probe(case: AttentionCase) -> tuple[geir.Graph, dict[str, np.ndarray]]:
     a = case.arrays()
     key_rows = int(np.prod(a["key"].shape[:-2]))
     value = np.zeros(a["key"].shape[:-1] + (key_rows,), np.float16)
@@ -41,7 +41,7 @@ def _probe(case: SfaCase) -> tuple[geir.Graph, dict[str, np.ndarray]]:
     return b.build(), feeds
 
 
-def _expected(case: SfaCase, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _expected(case: AttentionCase, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The weights the statement implies, shaped as attention_out: 1/count on each visible key."""
     q = feeds["query"]
     total = int(np.prod(q.shape[:-2]))
@@ -61,7 +61,7 @@ def _expected(case: SfaCase, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return np.repeat(weights, group, axis=1).reshape(q.shape[:-1] + (columns,))
 
 
-CASES = [SfaCase(layout=layout, mode=mode, bs=bs, lengths=lengths, N2=n2, N1=2 * n2, S2=9, D=16, seed=seed)
+CASES = [AttentionCase(layout=layout, mode=mode, bs=bs, lengths=lengths, N2=n2, N1=2 * n2, S2=9, D=16, seed=seed)
          for layout, mode, bs, lengths, n2, seed in itertools.product(("BSND", "TND"), (0, 3), (1, 2, 3), (False, True),
                                                                        (1, 2), (0,))
          if not (layout == "TND" and lengths)]

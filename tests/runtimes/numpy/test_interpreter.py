@@ -10,8 +10,9 @@ import geir
 from geir import ExecutionError, GraphError
 from geir.runtimes import get_runtime, runtime_names
 from geir.runtimes.numpy import KERNELS, NumpyRuntime
-from helpers import ROPE, ROPE_GRAD, random_feeds, rotary_graph
+from helpers import random_feeds
 from oracles.rotary import rotary_reference
+from rotary.helpers import ROPE, ROPE_GRAD, rotary_graph
 
 
 def _chain(dtype="float32", length=3):

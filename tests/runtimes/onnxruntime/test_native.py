@@ -11,10 +11,13 @@ import pytest
 
 import geir
 from geir.runtimes.onnxruntime import native_library, native_status
-from helpers import ROPE, ROPE_GRAD, SFA, SFA_GRAD, empty_grad_slices_expected, moe_grad_graph, moe_graph, random_feeds, rotary_graph
+from helpers import random_feeds
+from moe.helpers import moe_grad_graph, moe_graph
 from native_helpers import requires_compiler, run_isolated
 from oracles.moe import unpermute_grad_reference
 from oracles.numerics import assert_matches_reference, assert_within_ulps_of_scale, bits_equal, bits_equal_or_both_nan
+from rotary.helpers import ROPE, ROPE_GRAD, empty_grad_slices_expected, rotary_graph
+from sparse_attention.helpers import SFA, SFA_GRAD
 
 pytestmark = requires_compiler
 

@@ -16,10 +16,11 @@ import pytest
 import geir
 from geir.runtimes.onnxruntime import native_library
 from geir.runtimes.onnxruntime._native import CFLAGS, NATIVE, SOURCES, find_compiler
-from helpers import ROPE, ROPE_GRAD, random_feeds, rotary_graph
+from helpers import random_feeds
 from native_helpers import requires_compiler, run_isolated
 from oracles.numerics import bits_equal
 from oracles.sfa import forward_reference
+from rotary.helpers import ROPE, ROPE_GRAD, rotary_graph
 
 pytestmark = requires_compiler
 
@@ -79,7 +80,7 @@ ISOLATED = """
     import numpy as np, geir
     sys.path[:0] = ["tests"]
     from geir.runtimes.onnxruntime import native_library
-    from helpers import SFA, SFA_GRAD, sfa_graph, sfa_grad_feeds
+    from sparse_attention.helpers import SFA, SFA_GRAD, sfa_grad_feeds, sfa_graph
     counter = ctypes.CDLL(native_library()).geir_native_calls
     counter.restype = ctypes.c_long
     peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # MiB

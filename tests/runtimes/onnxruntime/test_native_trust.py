@@ -20,7 +20,7 @@ import geir
 from geir import ExecutionError
 from geir.runtimes.onnxruntime import native_library
 from geir.runtimes.onnxruntime._native import BUILDING, USUAL_SECONDS
-from helpers import moe_grad_graph, moe_graph
+from moe.helpers import moe_grad_graph, moe_graph
 from native_helpers import copying_compiler, links, requires_compiler, run_isolated
 
 PLANTED = r"""
@@ -114,9 +114,8 @@ widened keys and values (7, 8 / 8, 9); then the forward's task scratch (9 / 10);
 @requires_compiler
 @pytest.mark.parametrize("op, fail_at", [(op, n) for op, ns in SFA_ALLOCATIONS.items() for n in ns])
 def test_failed_attention_allocation_is_an_error_not_zeros(op, fail_at):
-    from geir.schemas.sparse_attention.examples import SfaCase
-    from helpers import SFA, SFA_GRAD, sfa_graph
-    case = SfaCase(B=1, S1=4, S2=70000 if op.endswith("_long_kv") else 8, N1=2, D=8, D2=8, K=3, mode=0, seed=1)
+    from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, sfa_graph
+    case = AttentionCase(B=1, S1=4, S2=70000 if op.endswith("_long_kv") else 8, N1=2, D=8, D2=8, K=3, mode=0, seed=1)
     arrays = case.arrays()
     graph, feeds = sfa_graph(arrays, SFA, **case.forward_attrs())
     name = SFA
@@ -297,7 +296,8 @@ def test_geir_num_threads_is_checked_and_clamped(monkeypatch, runtime):
 
 def _numpy_parallel_run() -> None:
     """A rotary run big enough for the NumPy runtime to ask for threads."""
-    from helpers import random_feeds, rotary_graph
+    from helpers import random_feeds
+    from rotary.helpers import rotary_graph
 
     g = rotary_graph("InplacePartialRotaryMulGrad", (8, 64, 8, 64), (1, 64, 1, 64), rotary_mode=1,
                      partial_slice=[0, 64])

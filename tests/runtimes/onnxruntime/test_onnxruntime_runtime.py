@@ -9,9 +9,11 @@ import pytest
 import geir
 from geir import ExecutionError
 from geir.runtimes import get_runtime
-from helpers import ROPE, ROPE_GRAD, SFA, moe_grad_graph, moe_graph, random_feeds, rotary_graph, sfa_graph
+from helpers import random_feeds
+from moe.helpers import moe_grad_graph, moe_graph
 from oracles.numerics import assert_within_ulps_of_scale, bits_equal
-from geir.schemas.sparse_attention.examples import SfaCase
+from rotary.helpers import ROPE, ROPE_GRAD, rotary_graph
+from sparse_attention.helpers import SFA, AttentionCase, sfa_graph
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -43,7 +45,7 @@ def test_moe_parity(tt, tp):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sfa_parity(dtype):
-    c = SfaCase(layout="TND", mode=3, bs=2, Dr=4, N2=2, N1=4, sinks=True, dtype=dtype, seed=5)
+    c = AttentionCase(layout="TND", mode=3, bs=2, Dr=4, N2=2, N1=4, sinks=True, dtype=dtype, seed=5)
     a = c.arrays()
     g, feeds = sfa_graph(a, SFA, **c.forward_attrs())
     ours, theirs = geir.run(g, feeds), geir.run(g, feeds, runtime="onnxruntime")
@@ -59,7 +61,7 @@ def test_graph_inputs_are_validated_before_the_run():
     with pytest.raises(ExecutionError, match=r"\[MU-D1\] MoeTokenUnpermute 'node': input 1 'sorted_indices' "
                                              r"positions 1 and 2: .*got 1 twice"):
         geir.run(g, feeds, runtime="onnxruntime")
-    c = SfaCase(mode=0, K=3)
+    c = AttentionCase(mode=0, K=3)
     a = c.arrays()
     a["sparse_indices"][1, 2, 0] = [0, 9, -1]
     g, feeds = sfa_graph(a, SFA, **dict(c.forward_attrs(), sparse_mode=0))

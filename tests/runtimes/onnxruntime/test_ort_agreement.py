@@ -14,8 +14,8 @@ import pytest
 
 import geir
 from geir.runtimes import get_runtime
-from geir.schemas.sparse_attention.examples import SfaCase
 from oracles.numerics import assert_within_ulps_of_scale
+from sparse_attention.helpers import AttentionCase
 
 Case = tuple[geir.Graph, dict[str, object], dict[str, object]]
 """A graph and two sets of feeds (a second run of one executable must not disturb the first's results)."""
@@ -210,7 +210,7 @@ def test_grad_of_attention_summed_to_a_scalar_runs_on_onnxruntime(layout, dtype)
     the rank and dtype of query" from the native kernel; without it, grad_sinks of shape (5, 2) for (2,))."""
     shape = dict(B=1, S1=3, S2=6, N1=2, D=4, D2=4, K=3) if layout == "BSND" else dict(
         layout="TND", N1=2, D=4, D2=4, K=3, tnd_q=[2, 4], tnd_kv=[3, 7])
-    case = SfaCase(**shape, mode=3, sinks=True, dtype=dtype, seed=3)
+    case = AttentionCase(**shape, mode=3, sinks=True, dtype=dtype, seed=3)
     arrays = case.arrays()
     b = geir.GraphBuilder("attention_sum")
     inputs: dict[str, geir.Value] = {}
