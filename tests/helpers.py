@@ -1,6 +1,8 @@
-"""What tests of every family share: dtype names, random feeds, graph comparison. Each family's own builders
-and cases are in tests/<family>/helpers.py; they are still found here under their old names (``_MOVED``) for tests
-that import them from here (tests/tools)."""
+"""What the tests of every family share: dtype names, random and awkward feeds, graph comparison, the pieces of the
+subgraphs exporters write (int64 constants, Slice), the check that a rewrite computes what the original did and
+the one that a VJP agrees with finite differences. Each family's own builders and cases are in
+tests/<family>/helpers.py; they are still found here under their old names (``_MOVED``) for tests that import
+them from here (tests/tools)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import ml_dtypes
 import numpy as np
 
 import geir
+from geir.testing import reference
 
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float64": np.float64, "float32": np.float32}
 
@@ -20,6 +23,92 @@ def random_feeds(graph: geir.Graph, seed: int = 0, bindings: dict[str, int] | No
     sizes = bindings or {}
     return {v.name: rng.standard_normal([sizes[d] if isinstance(d, str) else d for d in v.shape]).astype(v.dtype.numpy)
             for v in graph.inputs}
+
+
+def awkward_values(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Normals with NaNs of both signs and several payloads (quiet and signalling), infinities, signed zeros,
+    subnormals and values near the dtype's maximum (which overflow when weighted by |w| > 1)."""
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    bits = x.view(np.uint16 if x.itemsize == 2 else np.uint32).reshape(-1)
+    info = ml_dtypes.finfo(dtype)
+    specials = np.array([np.inf, -np.inf, 0.0, -0.0, info.max, -info.max, info.smallest_subnormal], dtype)
+    picks = rng.choice(bits.size, 4 * len(specials) + 8, replace=False)
+    x.reshape(-1)[picks[:4 * len(specials)]] = np.repeat(specials, 4)
+    payloads = {2: [0x7fc1, 0xffc0, 0x7f81, 0xff90], 4: [0x7fc00001, 0xffc00000, 0x7f800001, 0xff900000]}[x.itemsize]
+    if x.dtype == np.float16:
+        payloads = [0x7e01, 0xfe00, 0x7c01, 0xfc90]
+    bits[picks[-8:]] = np.repeat(np.array(payloads, bits.dtype), 2)
+    return x
+
+
+BIG = 2 ** 62
+"""An end past any axis (Slice clamps it): what exporters write for "to the end"."""
+
+
+def ints(b: geir.GraphBuilder, values, name: str | None = None) -> geir.Value:
+    """An int64 constant (named ``name``, else c1, c2, ... in the order made)."""
+    if name is None:
+        ints.count = getattr(ints, "count", 0) + 1
+        name = f"c{ints.count}"
+    return b.constant(name, np.asarray(values, np.int64))
+
+
+def onnx_slice(b: geir.GraphBuilder, x: geir.Value, start: int, end: int, step: int = 1, axis: int = -1) -> geir.Value:
+    """ONNX Slice of ``x`` along one axis, its bounds as constants."""
+    return b.op("Slice", x, ints(b, [start]), ints(b, [end]), ints(b, [axis]), ints(b, [step]))
+
+
+def assert_same_function(original: geir.Graph, fused: geir.Graph, runtimes=("numpy", "onnxruntime")) -> None:
+    """A rewritten graph (``geir.fuse``) computes what the original did: same interface, the float64 reference
+    within 1e-12 on random data (integer inputs: permutations), each runtime within 2e-6."""
+    assert [(v.name, str(v.type)) for v in fused.inputs] == [(v.name, str(v.type)) for v in original.inputs]
+    assert [(v.name, str(v.type)) for v in fused.outputs] == [(v.name, str(v.type)) for v in original.outputs]
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.type.shape).astype(v.dtype.numpy) for v in original.inputs
+             if v.dtype.is_floating}
+    feeds.update({v.name: rng.permutation(v.type.shape[0]).astype(v.dtype.numpy) for v in original.inputs
+                  if not v.dtype.is_floating})
+    want, got = reference(original, feeds, rounded=False), reference(fused, feeds, rounded=False)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12)
+    for runtime in runtimes:
+        a, b = geir.run(original, feeds, runtime=runtime), geir.run(fused, feeds, runtime=runtime)
+        for name in a:
+            np.testing.assert_allclose(b[name].astype(np.float64), a[name].astype(np.float64), rtol=2e-6, atol=2e-6)
+
+
+EPS = 1e-6
+"""The finite differences' step (float64 references)."""
+
+
+def directional_error(graph: geir.Graph, feeds: dict, wrt=None, seed: int = 0) -> float:
+    """Relative distance between the VJP's and the finite differences' directional derivative (``geir.grad``
+    against central differences of the float64 reference, along a random direction and cotangent)."""
+    rng = np.random.default_rng(seed)
+    derivative = geir.grad(graph, wrt=wrt)
+    names = [v.name for v in graph.inputs if v.dtype.is_floating and (wrt is None or v.name in wrt)]
+    outputs = [v for v in graph.outputs if v.dtype.is_floating]
+    # the cotangent inputs follow the forward inputs, one per output in order (grad_<output>, or another name where
+    # that one is taken: a pass-through output)
+    cotangent_names = [v.name for v in derivative.inputs[len(graph.inputs):]]
+    assert len(cotangent_names) == len(outputs)
+    cotangents = {name: rng.standard_normal(v.type.shape) for name, v in zip(cotangent_names, outputs)}
+    base = {k: (a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a)
+            for k, a in feeds.items()}
+    got = reference(derivative, {**base, **cotangents}, rounded=False)
+    direction = {k: rng.standard_normal(base[k].shape) for k in names}
+    shifted = [reference(graph, {**base, **{k: base[k] + sign * EPS * direction[k] for k in names}}, rounded=False)
+               for sign in (1, -1)]
+    fd = sum(np.sum(cotangents[name] * (shifted[0][v.name] - shifted[1][v.name]))
+             for name, v in zip(cotangent_names, outputs)) / (2 * EPS)
+    analytic = sum(np.sum(got[f"grad_{k}"] * direction[k]) for k in names)
+    return abs(fd - analytic) / max(abs(fd), 1e-12)
+
+
+def uniform_feeds(graph: geir.Graph, seed: int = 1) -> dict:
+    """Feeds in [0.5, 1.5) for every graph input (away from zero, for finite differences)."""
+    rng = np.random.default_rng(seed)
+    return {v.name: rng.uniform(0.5, 1.5, v.type.shape).astype(v.dtype.numpy) for v in graph.inputs}
 
 
 def assert_same_graph(got: geir.Graph, want: geir.Graph) -> None:

@@ -1,7 +1,9 @@
-"""What the native-library tests share: the skip when no C compiler exists, fresh interpreters."""
+"""What the native-library tests share: the skip when no C compiler exists, fresh interpreters, the kernels' call
+counter."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from geir.runtimes.onnxruntime import native_library
 from geir.runtimes.onnxruntime._native import find_compiler
 
 requires_compiler = pytest.mark.skipif(find_compiler() is None, reason="no C compiler (cc or gcc) on PATH, so the "
@@ -20,6 +23,13 @@ def run_isolated(code: str, env: dict | None = None, timeout: float = 120) -> su
     """Run ``code`` in a fresh interpreter (its own native-library state), from the repository root."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, cwd=str(Path(__file__).parents[1]), timeout=timeout)
+
+
+def native_calls() -> int:
+    """How many times the native kernels have run in this process (a kernel that ran, not the function body)."""
+    counter = ctypes.CDLL(native_library()).geir_native_calls
+    counter.restype = ctypes.c_long
+    return counter()
 
 
 COPYING_COMPILER = """#!/bin/sh

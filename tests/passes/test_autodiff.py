@@ -1,6 +1,7 @@
-"""geir.grad: every rule against central finite differences of the float64 reference (a random cotangent u and
-direction v: <u, (f(x + eps v) - f(x - eps v)) / 2 eps> == sum over inputs of <grad_x, v_x>), the CANN grad ops
-in the emitted graph, both runtimes, the errors."""
+"""geir.grad: every standard op's rule against central finite differences of the float64 reference (a random
+cotangent u and direction v: <u, (f(x + eps v) - f(x - eps v)) / 2 eps> == sum over inputs of <grad_x, v_x>), a
+training step through all families, both runtimes, the errors. Each family's rules are tested in its folder
+(tests/<family>/test_*_vjp.py)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,10 @@ import pytest
 
 import geir
 from geir.testing import reference
-from sparse_attention.helpers import SFA, AttentionCase, sfa_graph
-
-EPS = 1e-6
-
-
-def directional_error(graph: geir.Graph, feeds: dict, wrt=None, seed: int = 0) -> float:
-    """Relative distance between the VJP's and the finite differences' directional derivative."""
-    rng = np.random.default_rng(seed)
-    derivative = geir.grad(graph, wrt=wrt)
-    names = [v.name for v in graph.inputs if v.dtype.is_floating and (wrt is None or v.name in wrt)]
-    outputs = [v for v in graph.outputs if v.dtype.is_floating]
-    # the cotangent inputs follow the forward inputs, one per output in order (grad_<output>, or another name where
-    # that one is taken: a pass-through output)
-    cotangent_names = [v.name for v in derivative.inputs[len(graph.inputs):]]
-    assert len(cotangent_names) == len(outputs)
-    cotangents = {name: rng.standard_normal(v.type.shape) for name, v in zip(cotangent_names, outputs)}
-    base = {k: (a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a)
-            for k, a in feeds.items()}
-    got = reference(derivative, {**base, **cotangents}, rounded=False)
-    direction = {k: rng.standard_normal(base[k].shape) for k in names}
-    shifted = [reference(graph, {**base, **{k: base[k] + sign * EPS * direction[k] for k in names}}, rounded=False)
-               for sign in (1, -1)]
-    fd = sum(np.sum(cotangents[name] * (shifted[0][v.name] - shifted[1][v.name]))
-             for name, v in zip(cotangent_names, outputs)) / (2 * EPS)
-    analytic = sum(np.sum(got[f"grad_{k}"] * direction[k]) for k in names)
-    return abs(fd - analytic) / max(abs(fd), 1e-12)
+from helpers import directional_error, ints, uniform_feeds
+from moe.helpers import moe_vjp_graph
+from rotary.helpers import rotary_vjp_graph
+from sparse_attention.helpers import SFA, AttentionCase, only_attention_out, sfa_graph
 
 
 def _graph(name: str, inputs: dict[str, tuple], body, dtype="float32"):
@@ -46,15 +25,6 @@ def _graph(name: str, inputs: dict[str, tuple], body, dtype="float32"):
     return b.build()
 
 
-def _feeds(graph: geir.Graph, seed: int = 1) -> dict:
-    rng = np.random.default_rng(seed)
-    return {v.name: rng.uniform(0.5, 1.5, v.type.shape).astype(v.dtype.numpy) for v in graph.inputs}
-
-
-def _ints(b, name, values):
-    return b.constant(name, np.asarray(values, np.int64))
-
-
 STANDARD = {
     "add_broadcast": ({"a": (2, 3, 4), "b": (3, 1)}, lambda b, a, c: b.op("Add", a, c)),
     "sub_broadcast": ({"a": (4,), "b": (2, 3, 4)}, lambda b, a, c: b.op("Sub", a, c)),
@@ -64,24 +34,24 @@ STANDARD = {
     "matmul_batched": ({"a": (2, 3, 4), "b": (4, 5)}, lambda b, a, c: b.op("MatMul", a, c)),
     "matmul_broadcast_batch": ({"a": (1, 3, 4), "b": (2, 4, 5)}, lambda b, a, c: b.op("MatMul", a, c)),
     "transpose": ({"a": (2, 3, 4)}, lambda b, a: b.op("Transpose", a, perm=[2, 0, 1])),
-    "reshape": ({"a": (2, 3, 4)}, lambda b, a: b.op("Reshape", a, _ints(b, "shape", [4, 6]))),
-    "squeeze_unsqueeze": ({"a": (2, 1, 4)}, lambda b, a: b.op("Unsqueeze", b.op("Squeeze", a, _ints(b, "s", [1])),
-                                                              _ints(b, "u", [0]))),
+    "reshape": ({"a": (2, 3, 4)}, lambda b, a: b.op("Reshape", a, ints(b, [4, 6], "shape"))),
+    "squeeze_unsqueeze": ({"a": (2, 1, 4)}, lambda b, a: b.op("Unsqueeze", b.op("Squeeze", a, ints(b, [1], "s")),
+                                                              ints(b, [0], "u"))),
     "flatten": ({"a": (2, 3, 4)}, lambda b, a: b.op("Flatten", a, axis=2)),
     "concat": ({"a": (2, 3), "b": (2, 5)}, lambda b, a, c: b.op("Concat", a, c, a, axis=1)),
-    "slice_contiguous": ({"a": (4, 6)}, lambda b, a: b.op("Slice", a, _ints(b, "s", [1, 2]), _ints(b, "e", [3, 5]))),
-    "slice_strided": ({"a": (3, 8)}, lambda b, a: b.op("Slice", a, _ints(b, "s", [1]), _ints(b, "e", [8]),
-                                                       _ints(b, "ax", [1]), _ints(b, "st", [2]))),
-    "slice_reversed": ({"a": (3, 8)}, lambda b, a: b.op("Slice", a, _ints(b, "s", [-2]), _ints(b, "e", [-9]),
-                                                        _ints(b, "ax", [-1]), _ints(b, "st", [-3]))),
+    "slice_contiguous": ({"a": (4, 6)}, lambda b, a: b.op("Slice", a, ints(b, [1, 2], "s"), ints(b, [3, 5], "e"))),
+    "slice_strided": ({"a": (3, 8)}, lambda b, a: b.op("Slice", a, ints(b, [1], "s"), ints(b, [8], "e"),
+                                                       ints(b, [1], "ax"), ints(b, [2], "st"))),
+    "slice_reversed": ({"a": (3, 8)}, lambda b, a: b.op("Slice", a, ints(b, [-2], "s"), ints(b, [-9], "e"),
+                                                        ints(b, [-1], "ax"), ints(b, [-3], "st"))),
     "gather_repeats_and_negative": ({"a": (5, 3)}, lambda b, a: b.op("Gather", a, b.constant(
         "i", np.array([[0, 4], [4, -1], [2, 0]], np.int64)))),
     "gather_axis1": ({"a": (2, 6, 3)}, lambda b, a: b.op("Gather", a, b.constant("i", np.array([5, 1, 1], np.int32)),
                                                          axis=1)),
     "cast_roundtrip": ({"a": (2, 3)}, lambda b, a: b.op("Cast", b.op("Cast", a, to=10), to=1)),
     "identity": ({"a": (2, 3)}, lambda b, a: b.op("Identity", a)),
-    "reduce_sum_keepdims": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, _ints(b, "ax", [0, 2]), keepdims=1)),
-    "reduce_sum_dropped": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, _ints(b, "ax", [-1]), keepdims=0)),
+    "reduce_sum_keepdims": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, ints(b, [0, 2], "ax"), keepdims=1)),
+    "reduce_sum_dropped": ({"a": (2, 3, 4)}, lambda b, a: b.op("ReduceSum", a, ints(b, [-1], "ax"), keepdims=0)),
     "reduce_sum_all": ({"a": (2, 3)}, lambda b, a: b.op("ReduceSum", a, keepdims=0)),
     "softmax": ({"a": (2, 3, 5)}, lambda b, a: b.op("Softmax", a, axis=1)),
     # 0-d operands (found by the random graphs: Transpose's VJP emitted a Transpose with perm [], which ONNX cannot write)
@@ -95,195 +65,16 @@ STANDARD = {
 def test_standard_op_vjps_match_finite_differences(name):
     inputs, body = STANDARD[name]
     graph = _graph(name, inputs, body)
-    assert directional_error(graph, _feeds(graph)) < 1e-7
-
-
-def _rotary(op, mode, shape, cos_shape, pslice, dtype="float32", cos_dtype="float32"):
-    b = geir.GraphBuilder("rope")
-    x = b.input("x", dtype, shape)
-    c = b.input("cos", cos_dtype, cos_shape)
-    s = b.input("sin", cos_dtype, cos_shape)
-    y = getattr(b, op)(x, c, s, rotary_mode=mode, partial_slice=pslice)
-    b.output(b.op("Mul", y, y) if op == "InplacePartialRotaryMul" else y, "y")
-    return b.build()
-
-
-@pytest.mark.parametrize("mode", range(4))
-@pytest.mark.parametrize("cos_shape", [(1, 3, 1, 8), (2, 3, 4, 8), (2, 1, 1, 8)])
-def test_rotary_forward_vjp_covers_x_cos_and_sin(mode, cos_shape):
-    graph = _rotary("InplacePartialRotaryMul", mode, (2, 3, 4, 12), cos_shape, [2, 10])
-    assert directional_error(graph, _feeds(graph)) < 1e-7
-    ops = [n.op_type for n in geir.grad(graph).nodes]
-    assert "InplacePartialRotaryMulGrad" in ops
-
-
-@pytest.mark.parametrize("mode", range(4))
-def test_rotary_grad_op_vjp_is_the_forward(mode):
-    graph = _rotary("InplacePartialRotaryMulGrad", mode, (1, 2, 2, 8), (1, 2, 1, 8), [0, 8], cos_dtype="float16")
-    assert directional_error(graph, _feeds(graph), wrt=["x"]) < 1e-7
-    ops = [n.op_type for n in geir.grad(graph, wrt=["x"]).nodes]
-    assert ops.count("InplacePartialRotaryMul") == 1
-    with pytest.raises(geir.GraphError, match=r"no cotangent for input 1 'cos'"):
-        geir.grad(graph)                     # cos of the grad op: not linear there, never a silent zero
-
-
-def _moe(rows, slots, probs_shape, grad_op=False):
-    b = geir.GraphBuilder("moe")
-    tokens = b.input("tokens", "float32", (rows, 4))
-    indices = b.input("indices", "int32", (slots,))
-    probs = b.input("probs", "float32", probs_shape) if probs_shape else None
-    if grad_op:
-        dy = b.input("dy", "float32", (probs_shape[0], 4))
-        ptg, pg = b.MoeTokenUnpermuteGrad(tokens, dy, indices, probs)
-        b.output(b.op("Mul", ptg, ptg), "ptg")
-        b.output(pg, "pg")
-    else:
-        b.output(b.op("Mul", b.MoeTokenUnpermute(tokens, indices, probs), tokens if rows == 1 else
-                      b.MoeTokenUnpermute(tokens, indices, probs)), "y")
-    return b.build()
-
-
-@pytest.mark.parametrize("rows, slots, probs_shape", [(6, 6, (3, 2)), (6, 6, None), (4, 6, (3, 2)), (8, 6, (2, 3))])
-def test_moe_forward_vjp(rows, slots, probs_shape):
-    graph = _moe(rows, slots, probs_shape)
-    feeds = _feeds(graph)
-    feeds["indices"] = np.random.default_rng(3).permutation(slots).astype(np.int32)
-    assert directional_error(graph, feeds) < 1e-7
-    assert "MoeTokenUnpermuteGrad" in [n.op_type for n in geir.grad(graph).nodes]
-
-
-def test_moe_grad_op_vjp_through_every_input():
-    graph = _moe(6, 6, (3, 2), grad_op=True)
-    feeds = _feeds(graph)
-    feeds["indices"] = np.array([3, 0, 5, 1, 4, 2], np.int32)
-    assert directional_error(graph, feeds) < 1e-7
-    ops = [n.op_type for n in geir.grad(graph).nodes]
-    assert ops.count("MoeTokenUnpermute") == 2 and ops.count("MoeTokenUnpermuteGrad") == 3 and "Gather" not in ops
-
-
-def _moe_mixed(kind: str) -> geir.Graph:
-    """A forward holding MoE nodes with and without probs (each op in one form: the forward exports)."""
-    b = geir.GraphBuilder("moe_mixed")
-    tokens = b.input("tokens", "float32", (6, 4))
-    indices = b.constant("indices", np.array([3, 0, 5, 1, 4, 2], np.int32))
-    probs = b.input("probs", "float32", (3, 2))
-    if kind == "unpermute without probs, grad with":
-        rows = b.MoeTokenUnpermute(tokens, indices)                                           # (6, 4)
-        dy = b.op("Slice", rows, _ints(b, "s", [0]), _ints(b, "e", [3]))                       # (3, 4)
-        ptg, pg = b.MoeTokenUnpermuteGrad(tokens, b.op("Mul", dy, dy), indices, probs)
-    else:
-        out = b.MoeTokenUnpermute(tokens, indices, probs)                                      # (3, 4)
-        dy = b.op("Concat", out, b.op("Mul", out, out), axis=0)                               # (6, 4)
-        ptg, pg = b.MoeTokenUnpermuteGrad(tokens if kind == "grad with tokens, without probs" else None, dy,
-                                          indices)
-    b.output(b.op("Mul", ptg, ptg), "ptg")
-    b.output(pg, "pg")
-    return b.build()
-
-
-@pytest.mark.parametrize("kind", ["unpermute without probs, grad with", "grad without tokens or probs",
-                                  "grad with tokens, without probs"])
-def test_moe_vjp_of_a_forward_mixing_probs_and_none_exports_and_runs_everywhere(kind):
-    """The VJPs of nodes with probs write MoE nodes with probs, those without probs nodes without: the derivative held
-    two forms of one op, which ONNX export refuses (found by the random graphs: it ran on NumPy only). Now every MoE
-    node of such a derivative has probs (ones, and zero tokens for the grad): same values, one form per op."""
-    graph = _moe_mixed(kind)
-    geir.to_onnx(graph)                                       # the forward exports
-    derivative = geir.grad(graph, outputs=["ptg"])
-    import onnx
-    onnx.checker.check_model(geir.to_onnx(derivative), full_check=True)
-    feeds = _feeds(graph)
-    assert directional_error(graph, feeds) < 1e-7
-    cotangent = {"grad_ptg": np.random.default_rng(2).standard_normal((6, 4)).astype(np.float32)}
-    forward = geir.run(graph, feeds, runtime="numpy")
-    want = reference(derivative, {**feeds, **cotangent}, rounded=False)
-    for runtime in ("numpy", "onnxruntime"):
-        got = geir.run(derivative, {**feeds, **cotangent}, runtime=runtime)
-        for name in ("ptg", "pg"):
-            np.testing.assert_allclose(got[name], forward[name], rtol=1e-6, atol=1e-6, err_msg=name)
-        for name in ("grad_tokens", "grad_probs"):
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=f"{runtime} {name}")
-
-
-SFA_CASES = {
-    "bsnd_mode3_rope": AttentionCase(B=2, S1=4, S2=8, N1=4, D=8, D2=8, Dr=4, K=5, mode=3, seed=1),
-    "bsnd_mode0_gqa_bs2": AttentionCase(B=1, S1=3, S2=9, N1=4, N2=2, D=6, D2=4, K=3, bs=2, mode=0, seed=2),
-    "tnd_mode3": AttentionCase(layout="TND", N1=2, D=8, D2=8, K=3, tnd_q=[3, 5], tnd_kv=[4, 9], seed=3),
-    "sinks": AttentionCase(B=1, S1=4, S2=6, N1=2, D=4, D2=4, K=4, mode=0, sinks=True, seed=4),
-}
-
-
-@pytest.mark.parametrize("name", list(SFA_CASES))
-def test_attention_vjp_matches_finite_differences_and_uses_the_grad_op(name):
-    case = SFA_CASES[name]
-    arrays = case.arrays()
-    attrs = dict(case.forward_attrs(), return_softmax_lse=False)
-    graph, feeds = sfa_graph(arrays, SFA, **attrs)
-    graph = _only_attention_out(graph)
-    assert directional_error(graph, feeds) < 1e-6
-    derivative = geir.grad(graph)
-    ops = [n.op_type for n in derivative.nodes]
-    assert "SparseFlashAttentionGrad" in ops
-    forward = next(n for n in derivative.nodes if n.op_type == SFA)
-    assert forward.attributes["return_softmax_lse"] is True     # rewritten to hand its statistics to the grad
-
-
-@pytest.mark.parametrize("sinks", [False, True])
-def test_attention_vjp_of_a_forward_that_outputs_its_empty_statistics_runs_on_both_runtimes(sinks):
-    """A forward without return_softmax_lse whose (empty) statistics are graph outputs: its VJP used to add a second
-    forward returning them, and a model holding both variants of the op cannot be exported, so the derivative did not
-    run on ONNX Runtime. Now there is one forward; the empty statistics stay outputs, as empty arrays."""
-    case = AttentionCase(B=1, S1=4, S2=10, N1=4, D=8, D2=8, K=3, mode=0, sinks=sinks, seed=2)
-    graph, feeds = sfa_graph(case.arrays(), SFA, **dict(case.forward_attrs(), return_softmax_lse=False))
-    assert [v.name for v in graph.outputs] == ["attention_out", "softmax_max", "softmax_sum"]
-    derivative = geir.grad(graph, outputs=["attention_out"])
-    assert [n.op_type for n in derivative.nodes].count(SFA) == 1
-    rng = np.random.default_rng(3)
-    feeds = dict(feeds, grad_attention_out=rng.standard_normal((1, 4, 4, 8)).astype(np.float16))
-    runs = {runtime: geir.run(derivative, feeds, runtime=runtime) for runtime in ("numpy", "onnxruntime")}
-    for result in runs.values():
-        assert result["softmax_max"].shape == (0,) and result["softmax_sum"].shape == (0,)
-    forward = geir.run(graph, {k: v for k, v in feeds.items() if k != "grad_attention_out"})
-    np.testing.assert_array_equal(runs["numpy"]["attention_out"], forward["attention_out"])
-    for name in runs["numpy"]:
-        np.testing.assert_allclose(np.asarray(runs["onnxruntime"][name], np.float64),
-                                   np.asarray(runs["numpy"][name], np.float64), rtol=2e-2, atol=2e-2, err_msg=name)
-
-
-def _only_attention_out(graph: geir.Graph) -> geir.Graph:
-    """The same graph with attention_out as its only output (the statistics are not differentiated)."""
-    keep = [v for v in graph.outputs if v.name == "attention_out"]
-    graph.outputs[:] = keep
-    graph.invalidate()
-    from geir.passes import build_pipeline
-    return build_pipeline()(graph)[0]
-
-
-@pytest.mark.parametrize("merge", ["value is key", "value is a prefix slice of key"])
-def test_attention_kv_merge(merge):
-    rng = np.random.default_rng(5)
-    b = geir.GraphBuilder("merge")
-    q = b.input("query", "float16", (1, 3, 2, 8))
-    k = b.input("key", "float16", (1, 6, 1, 8))
-    idx = b.constant("idx", np.array([[0, 2, -1], [1, 3, 0], [5, 4, 2]], np.int32).reshape(1, 3, 1, 3))
-    value = k if merge == "value is key" else b.op("Slice", k, _ints(b, "s", [0]), _ints(b, "e", [4]), _ints(b, "a", [3]))
-    out, _, _ = b.SparseFlashAttention(q, k, value, idx, scale_value=0.3, sparse_mode=0)
-    b.output(out, "out")
-    graph = b.build()
-    feeds = {"query": rng.standard_normal((1, 3, 2, 8)).astype(np.float16),
-             "key": rng.standard_normal((1, 6, 1, 8)).astype(np.float16)}
-    assert directional_error(graph, feeds) < 1e-6
-    grad_node = next(n for n in geir.grad(graph).nodes if n.op_type == "SparseFlashAttentionGrad")
-    assert grad_node.inputs[7] is None                    # KV merge: no value input, d_value folded into d_key
+    assert directional_error(graph, uniform_feeds(graph)) < 1e-7
 
 
 def test_the_derivative_exports_and_runs_on_both_runtimes():
-    graph = _rotary("InplacePartialRotaryMul", 1, (2, 3, 4, 8), (1, 3, 1, 8), [0, 8])
+    graph = rotary_vjp_graph("InplacePartialRotaryMul", 1, (2, 3, 4, 8), (1, 3, 1, 8), [0, 8])
     derivative = geir.grad(graph)
     model = geir.to_onnx(derivative)
     import onnx
     onnx.checker.check_model(model, full_check=True)
-    feeds = {k: v.astype(np.float32) for k, v in _feeds(derivative).items()}
+    feeds = {k: v.astype(np.float32) for k, v in uniform_feeds(derivative).items()}
     want = reference(derivative, feeds)
     for runtime in geir.runtimes.runtime_names() if hasattr(geir, "runtimes") else ("numpy", "onnxruntime"):
         got = geir.run(derivative, feeds, runtime=runtime)
@@ -305,7 +96,7 @@ def test_errors_name_the_op_and_the_reason():
     case = AttentionCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2, lengths=True, mode=0)
     bsnd, _ = sfa_graph(case.arrays(), SFA, **dict(case.forward_attrs(), return_softmax_lse=False))
     with pytest.raises(geir.GraphError, match=r"BSND with actual_seq_lengths"):
-        geir.grad(_only_attention_out(bsnd))
+        geir.grad(only_attention_out(bsnd))
     full, _ = sfa_graph(AttentionCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).arrays(), SFA,
                         **AttentionCase(B=1, S1=2, S2=4, N1=2, D=4, D2=4, K=2).forward_attrs())
     with pytest.raises(geir.GraphError, match=r"softmax statistics get a cotangent"):
@@ -369,8 +160,8 @@ def test_rotary_and_moe_gradients_agree_with_torch_autograd():
     """The same math written the usual PyTorch way (Llama's rotate_half; a gather and a weighted sum), float64."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(12)
-    graph = _rotary("InplacePartialRotaryMul", 0, (2, 3, 4, 8), (1, 3, 1, 8), [0, 8])
-    feeds = {k: rng.standard_normal(v.shape) for k, v in _feeds(graph).items()}
+    graph = rotary_vjp_graph("InplacePartialRotaryMul", 0, (2, 3, 4, 8), (1, 3, 1, 8), [0, 8])
+    feeds = {k: rng.standard_normal(v.shape) for k, v in uniform_feeds(graph).items()}
     u = rng.standard_normal((2, 3, 4, 8))
     got = reference(geir.grad(graph), {**feeds, "grad_y": u}, rounded=False)
     x, c, s = (torch.tensor(feeds[k], requires_grad=True) for k in ("x", "cos", "sin"))
@@ -378,8 +169,8 @@ def test_rotary_and_moe_gradients_agree_with_torch_autograd():
     (y * y * torch.tensor(u)).sum().backward()
     for name, tensor in (("x", x), ("cos", c), ("sin", s)):
         np.testing.assert_allclose(got[f"grad_{name}"], tensor.grad.numpy(), rtol=1e-10, atol=1e-12)
-    graph = _moe(6, 6, (3, 2))
-    feeds = {k: (rng.standard_normal(v.shape) if v.dtype.kind == "f" else v) for k, v in _feeds(graph).items()}
+    graph = moe_vjp_graph(6, 6, (3, 2))
+    feeds = {k: (rng.standard_normal(v.shape) if v.dtype.kind == "f" else v) for k, v in uniform_feeds(graph).items()}
     feeds["indices"] = np.array([3, 0, 5, 1, 4, 2], np.int32)
     u = rng.standard_normal((3, 4))
     got = reference(geir.grad(graph), {**feeds, "grad_y": u}, rounded=False)
@@ -423,7 +214,7 @@ def test_pass_through_outputs_get_their_own_cotangent_input():
                                    rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got["grad_grad_y"], -feeds["x"] * feeds["grad_y_cotangent"], rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(got["x"], feeds["x"])
-    assert directional_error(graph, _feeds(graph)) < 1e-7
+    assert directional_error(graph, uniform_feeds(graph)) < 1e-7
 
 
 def test_an_output_that_is_only_an_input_passes_its_cotangent_through():

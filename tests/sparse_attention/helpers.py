@@ -1,6 +1,6 @@
-"""What the sparse attention family's tests share: the op names, a one-node graph builder and the grad's feeds,
-``AttentionCase`` (random valid inputs of any shape and mode) and ``paged_arrays`` (the same problem in a paged KV
-cache)."""
+"""What the sparse attention family's tests share: the op names, a one-node graph builder and the grad's feeds, a
+forward reduced to attention_out (what geir.grad differentiates), ``AttentionCase`` (random valid inputs of any
+shape and mode) and ``paged_arrays`` (the same problem in a paged KV cache)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,15 @@ def sfa_grad_feeds(arrays: dict, forward_out: dict, d_out: np.ndarray, layout: s
         feeds["actual_seq_lengths_query"] = arrays["actual_seq_lengths_query"]
         feeds["actual_seq_lengths_kv"] = arrays["actual_seq_lengths_kv"]
     return feeds
+
+
+def only_attention_out(graph: geir.Graph) -> geir.Graph:
+    """The same graph with attention_out as its only output (the statistics are not differentiated)."""
+    keep = [v for v in graph.outputs if v.name == "attention_out"]
+    graph.outputs[:] = keep
+    graph.invalidate()
+    from geir.passes import build_pipeline
+    return build_pipeline()(graph)[0]
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""geir.fuse on MoE unpermutes: a gather and a weighted sum (with probs unsqueezed or reshaped, or without), and rows
+scattered to their slots, become MoeTokenUnpermute and compute what the original did."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import geir
+from helpers import assert_same_function, ints
+from moe.helpers import unpermute_subgraph
+
+
+@pytest.mark.parametrize("probs, index_dtype", [("unsqueeze", "int32"), ("reshape", "int64"), (None, "int32")])
+def test_moe_unpermute_pattern(probs, index_dtype):
+    original = unpermute_subgraph(probs, index_dtype)
+    fused, report = geir.fuse(original, allow_stricter_data=True)
+    ops = [n.op_type for n in fused.nodes]
+    normalise = ["Less", "GreaterOrEqual", "And", "Add", "Where"]        # Gather's negative ids, kept
+    assert ops == normalise + (["Clip", "Cast"] if index_dtype == "int64" else []) + ["MoeTokenUnpermute"]
+    assert fused.nodes[-1].inputs[2] is not None            # without probs: weights of one (K = 2)
+    assert report.fused[0].pattern.startswith("MoE unpermute")
+    assert_same_function(original, fused)
+
+
+def test_moe_rows_scattered_to_their_slots_convert_the_index_convention():
+    """out[row2slot] = rows (a ScatterND) is the gather by the inverse permutation: fused with CANN's sorted_indices
+    computed in the graph."""
+    b = geir.GraphBuilder("scatter_unpermute")
+    rows = b.input("rows", "float32", (6, 4))
+    row2slot = b.input("row2slot", "int64", (6,))
+    probs = b.input("probs", "float32", (3, 2))
+    placed = b.op("ScatterND", b.constant("zeros", np.zeros((6, 4), np.float32)),
+                  b.op("Unsqueeze", row2slot, ints(b, [-1])), rows)
+    weighted = b.op("Mul", b.op("Reshape", placed, ints(b, [3, 2, 4])), b.op("Unsqueeze", probs, ints(b, [-1])))
+    b.output(b.op("ReduceSum", weighted, ints(b, [1]), keepdims=0), "y")
+    original = b.build()
+    fused, report = geir.fuse(original, allow_stricter_data=True)
+    ops = [n.op_type for n in fused.nodes]
+    assert ops[-1] == "MoeTokenUnpermute" and "ScatterND" not in ops and "ScatterElements" in ops
+    assert report.fused[0].pattern.startswith("MoE unpermute")
+    assert_same_function(original, fused)
+    slots = np.array([2, 4, 0, 3, 1, 5])                      # row r goes to slot slots[r]
+    feeds = {"rows": np.arange(24, dtype=np.float32).reshape(6, 4), "row2slot": slots,
+             "probs": np.ones((3, 2), np.float32)}
+    np.testing.assert_array_equal(geir.run(fused, feeds)["y"], geir.run(original, feeds)["y"])

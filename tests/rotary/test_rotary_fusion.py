@@ -1,0 +1,72 @@
+"""geir.fuse on ropes: the patterns and variants exporters emit (rotate_half, rotate_every_two, their backward forms,
+a rope on a slice of the head dim) become the rotary ops and compute what the original did; a match the op refuses
+is a near miss."""
+
+from __future__ import annotations
+
+import pytest
+
+import geir
+from helpers import BIG, assert_same_function, ints, onnx_slice
+from rotary.helpers import rope_subgraph, rotate_every_two, rotate_half
+
+
+def _partial_graph(start: int, stop: int, d: int = 12, kind: str = "half"):
+    """MLA's rope part: only x[..., start:stop] is rotated, the rest passes through."""
+    b = geir.GraphBuilder("partial")
+    x = b.input("x", "float32", (2, 4, 3, d))
+    length = stop - start
+    cos = b.input("cos", "float32", (1, 4, 1, length))
+    sin = b.input("sin", "float32", (1, 4, 1, length))
+    part = onnx_slice(b, x, start, stop)
+    rotated = rotate_half(b, part, length) if kind == "half" else rotate_every_two(b, part, (2, 4, 3, length))
+    roped = b.op("Add", b.op("Mul", part, cos), b.op("Mul", rotated, sin))
+    pieces = (([onnx_slice(b, x, 0, start)] if start else []) + [roped]
+              + ([onnx_slice(b, x, stop, BIG)] if stop < d else []))
+    b.output(b.op("Concat", *pieces, axis=-1), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("kind, op, mode", [("half", "InplacePartialRotaryMul", 0),
+                                            ("half_split_commuted", "InplacePartialRotaryMul", 0),
+                                            ("interleaved", "InplacePartialRotaryMul", 1),
+                                            ("half_backward", "InplacePartialRotaryMulGrad", 0),
+                                            ("interleaved_backward", "InplacePartialRotaryMulGrad", 1)])
+@pytest.mark.parametrize("table", [(1, 4, 1, 8), (2, 4, 3, 8), (2, 1, 1, 8)])
+def test_rope_patterns_fuse_and_compute_the_same(kind, op, mode, table):
+    original = rope_subgraph(kind, table=table)
+    fused, report = geir.fuse(original)
+    assert [n.op_type for n in fused.nodes] == [op]
+    node = fused.nodes[0]
+    assert node.attributes["rotary_mode"] == mode and list(node.attributes["partial_slice"]) == [0, 8]
+    assert len(report.fused) == 1 and report.fused[0].became.startswith(op) and not report.near_misses
+    assert str(report).splitlines()[0] == f"geir.fuse '{kind}': 1 fused, 0 near misses"
+    assert not fused.constants                                   # the matched Slice bounds went with them
+    assert_same_function(original, fused)
+
+
+@pytest.mark.parametrize("start, stop, kind", [(4, 12, "half"), (0, 8, "half"), (2, 10, "interleaved")])
+def test_a_rope_on_a_slice_of_the_head_dim_becomes_a_partial_slice(start, stop, kind):
+    original = _partial_graph(start, stop, kind=kind)
+    fused, report = geir.fuse(original)
+    assert [n.op_type for n in fused.nodes] == ["InplacePartialRotaryMul"]
+    assert list(fused.nodes[0].attributes["partial_slice"]) == [start, stop]
+    assert [f.pattern.split(" (")[0] for f in report.fused] == [f"rotary {kind}", "rotary partial"]
+    assert_same_function(original, fused)
+
+
+def test_a_match_the_op_refuses_is_a_near_miss():
+    """An odd rotated length (RP-S9 wants it even in mode 0): the op's own rule turns the match down."""
+    original = _partial_graph(0, 6, d=7)
+    fused, report = geir.fuse(_partial_graph(0, 6, d=7))
+    assert [n.op_type for n in fused.nodes] == ["InplacePartialRotaryMul"]     # [0, 6) of 7 is fine
+    assert original is not fused
+    b = geir.GraphBuilder("odd")
+    x = b.input("x", "float32", (1, 2, 1, 6))
+    cos = b.input("cos", "float32", (1, 2, 1, 6))
+    halves = b.op("Split", x, ints(b, [3, 3]), axis=-1)
+    b.output(b.op("Add", b.op("Mul", x, cos), b.op("Mul", b.op("Concat", b.op("Neg", halves[1]), halves[0], axis=-1),
+                                                   cos)), "y")
+    fused, report = geir.fuse(b.build())
+    assert [m.pattern for m in report.near_misses] == [] or all("refused" in m.reason for m in report.near_misses)
+    assert [n.op_type for n in fused.nodes][-1] == "InplacePartialRotaryMul"
