@@ -92,9 +92,11 @@ static void destroy(void* kernel) {
   free(k);
 }
 
-/* One entry per (op, dtype combination) of every family; more than MAX_OPS is reported, never written. */
-#define MAX_OPS 64
-static GeirOp g_ops[MAX_OPS];
+/* One entry per (op, dtype combination) of every family, allocated once for the count the tables declare (they
+ * live as long as the process: ONNX Runtime keeps pointers to them). More than MAX_OPS is a table in error,
+ * reported, never allocated. */
+#define MAX_OPS 4096
+static GeirOp* g_ops;
 static int g_op_count = -1; /* -1: not read yet, or refused */
 static char g_error[256];  /* why the tables cannot be registered; empty when they can */
 
@@ -163,6 +165,11 @@ static void read_tables(void) {
   if (total > MAX_OPS) {
     snprintf(g_error, sizeof g_error, "geir native library: the families declare %lld (op, dtype) kernels, more "
              "than MAX_OPS = %d in register.c", total, MAX_OPS);
+    return;
+  }
+  g_ops = (GeirOp*)calloc(total > 0 ? (size_t)total : 1, sizeof(GeirOp));
+  if (!g_ops) {
+    snprintf(g_error, sizeof g_error, "geir native library: out of memory for %lld kernels", total);
     return;
   }
   g_op_count = 0;

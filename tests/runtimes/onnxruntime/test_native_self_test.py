@@ -42,3 +42,16 @@ def test_the_self_test_refuses_a_kernel_that_drifts(monkeypatch):
     monkeypatch.setattr(_native.NumpyRuntime, "compile", drifting)
     with pytest.raises(RuntimeError, match="'InplacePartialRotaryMulGrad.dy.out' differs from the NumPy runtime"):
         _native._self_test(Path(path))
+
+
+@requires_compiler
+def test_an_op_without_a_native_kernel_runs_its_body_and_is_not_counted(monkeypatch):
+    """A family with examples but no C file must not fail the self-test (and with it every family's kernels)."""
+    path = Path(native_library())
+    assert _native.native_ops(path) == {s.op_type for s in all_schemas()}
+    without_rotary = frozenset(_native.native_ops(path) - {"InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"})
+    graph, _, calls, _ = _native._self_test_graph(without_rotary)
+    assert calls == len(graph.nodes) - 2
+    monkeypatch.setattr(_native, "native_ops", lambda p: without_rotary)
+    with pytest.raises(RuntimeError, match="the self-test ran 6 of 4 native kernels"):
+        _native._self_test(path)           # the library does run rotary natively: the count tells
