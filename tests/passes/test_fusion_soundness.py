@@ -10,25 +10,16 @@ import pytest
 import geir
 from geir.ir._core import Graph
 from geir.testing import reference
+from helpers import BIG, ints, onnx_slice
 
-BIG = 2 ** 62
 RUNTIMES = ("numpy", "onnxruntime")
-
-
-def _ints(b, values):
-    _ints.count = getattr(_ints, "count", 0) + 1
-    return b.constant(f"s{_ints.count}", np.asarray(values, np.int64))
-
-
-def _slice(b, x, start, end, step=1):
-    return b.op("Slice", x, _ints(b, [start]), _ints(b, [end]), _ints(b, [-1]), _ints(b, [step]))
 
 
 def _stack_flat(b, first, second, axis, shape):
     """Concat(Unsqueeze(first, axis), Unsqueeze(second, axis), -1) reshaped to ``shape``: stack + flatten when
     ``axis`` is the new last axis, another permutation otherwise."""
-    parts = [b.op("Unsqueeze", v, _ints(b, [axis])) for v in (first, second)]
-    return b.op("Reshape", b.op("Concat", *parts, axis=-1), _ints(b, list(shape)))
+    parts = [b.op("Unsqueeze", v, ints(b, [axis])) for v in (first, second)]
+    return b.op("Reshape", b.op("Concat", *parts, axis=-1), ints(b, list(shape)))
 
 
 def _interleaved(backward: bool, axis: int, shape=(1, 2, 3, 8)):
@@ -37,10 +28,10 @@ def _interleaved(backward: bool, axis: int, shape=(1, 2, 3, 8)):
     cos, sin = b.input("cos", "float32", (1, 2, 1, 8)), b.input("sin", "float32", (1, 2, 1, 8))
     if backward:
         m = b.op("Mul", x, sin)
-        moved = _stack_flat(b, _slice(b, m, 1, BIG, 2), b.op("Neg", _slice(b, m, 0, BIG, 2)), axis, shape)
+        moved = _stack_flat(b, onnx_slice(b, m, 1, BIG, 2), b.op("Neg", onnx_slice(b, m, 0, BIG, 2)), axis, shape)
         y = b.op("Add", b.op("Mul", x, cos), moved)
     else:
-        rotated = _stack_flat(b, b.op("Neg", _slice(b, x, 1, BIG, 2)), _slice(b, x, 0, BIG, 2), axis, shape)
+        rotated = _stack_flat(b, b.op("Neg", onnx_slice(b, x, 1, BIG, 2)), onnx_slice(b, x, 0, BIG, 2), axis, shape)
         y = b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin))
     b.output(y, "y")
     return b.build()
@@ -86,7 +77,7 @@ def _attention(masked: str, idx_fed: bool = True, dtype: str = "int64", t1: int 
                   b.constant("scale", np.array(0.5, np.float16)))
     if masked:
         valid = b.op("GreaterOrEqual", idx, zero)
-        valid = b.op("Unsqueeze", valid, _ints(b, [1])) if masked == "row" else valid
+        valid = b.op("Unsqueeze", valid, ints(b, [1])) if masked == "row" else valid
         scores = b.op("Where", valid, scores, b.constant("minus_inf", np.array(-np.inf, np.float16)))
     b.output(b.op("MatMul", b.op("Softmax", scores, axis=-1), b.op("Gather", v, rows, axis=0)), "out")
     return b.build()
@@ -132,10 +123,10 @@ def _moe(fed: bool, dtype: str, probs: bool = True, topk: int = 2, tokens: int =
     permuted = b.input("permuted" + suffix, "float32", (tokens * topk, 4))
     idx = b.input("idx" + suffix, dtype, (tokens * topk,)) if fed else \
         b.constant("idx" + suffix, np.arange(tokens * topk, dtype=dtype)[::-1].copy())
-    rows = b.op("Reshape", b.op("Gather", permuted, idx, axis=0), _ints(b, [tokens, topk, 4]))
+    rows = b.op("Reshape", b.op("Gather", permuted, idx, axis=0), ints(b, [tokens, topk, 4]))
     if probs:
-        rows = b.op("Mul", rows, b.op("Unsqueeze", b.input("probs" + suffix, "float32", (tokens, topk)), _ints(b, [-1])))
-    y = b.op("ReduceSum", rows, _ints(b, [1]), keepdims=0)
+        rows = b.op("Mul", rows, b.op("Unsqueeze", b.input("probs" + suffix, "float32", (tokens, topk)), ints(b, [-1])))
+    y = b.op("ReduceSum", rows, ints(b, [1]), keepdims=0)
     if not own:
         return y
     b.output(y, "y")
@@ -206,7 +197,7 @@ def test_fusion_work_is_linear_in_the_graph_size(monkeypatch):
         cos, sin = b.input("cos", "float32", (1, 2, 1, 8)), b.input("sin", "float32", (1, 2, 1, 8))
         for i in range(ropes):
             x = b.input(f"x{i}", "float32", (1, 2, 3, 8))
-            rotated = b.op("Concat", b.op("Neg", _slice(b, x, 4, BIG)), _slice(b, x, 0, 4), axis=-1)
+            rotated = b.op("Concat", b.op("Neg", onnx_slice(b, x, 4, BIG)), onnx_slice(b, x, 0, 4), axis=-1)
             b.output(b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin)), f"y{i}")
         graph = b.build()
         calls["order"] = 0
@@ -311,8 +302,8 @@ def test_a_constant_row_scatter_that_is_no_permutation_is_a_near_miss():
     permuted = b.input("permuted", "float32", (4, 3))
     slots = b.constant("row2slot", np.array([0, 1, 2, 2], np.int64))
     placed = b.op("ScatterND", b.constant("zeros", np.zeros((4, 3), np.float32)),
-                  b.op("Unsqueeze", slots, _ints(b, [-1])), permuted)
-    b.output(b.op("ReduceSum", b.op("Reshape", placed, _ints(b, [2, 2, 3])), _ints(b, [1]), keepdims=0), "y")
+                  b.op("Unsqueeze", slots, ints(b, [-1])), permuted)
+    b.output(b.op("ReduceSum", b.op("Reshape", placed, ints(b, [2, 2, 3])), ints(b, [1]), keepdims=0), "y")
     fused, report = geir.fuse(b.build(), allow_stricter_data=True)
     assert "MoeTokenUnpermute" not in [n.op_type for n in fused.nodes]
     assert "not a permutation" in report.near_misses[0].reason
@@ -324,7 +315,7 @@ def test_a_rope_whose_table_shapes_symbols_leave_undecided_is_not_fused_by_defau
     b = geir.GraphBuilder("rope")
     x = b.input("x", "float32", ("B", 4, 3, 8))
     cos, sin = b.input("cos", "float32", ("B", 4, 1, 8)), b.input("sin", "float32", (1, 4, 1, 8))
-    rotated = b.op("Concat", b.op("Neg", _slice(b, x, 4, BIG)), _slice(b, x, 0, 4), axis=-1)
+    rotated = b.op("Concat", b.op("Neg", onnx_slice(b, x, 4, BIG)), onnx_slice(b, x, 0, 4), axis=-1)
     b.output(b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin)), "y")
     original = b.build()
     fused, report = geir.fuse(original)

@@ -13,7 +13,6 @@ import geir
 from geir import ExecutionError
 from geir.runtimes import runtime_names
 from moe.helpers import moe_graph
-from rotary.helpers import ROPE_GRAD
 from sparse_attention.helpers import sfa_graph
 
 RUNTIMES = runtime_names()

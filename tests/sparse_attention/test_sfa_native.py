@@ -4,15 +4,13 @@ bits whatever the thread count, key split or chunking, and enforce the data rule
 
 from __future__ import annotations
 
-import ctypes
 import pickle
 
 import numpy as np
 import pytest
 
 import geir
-from geir.runtimes.onnxruntime import native_library
-from native_helpers import requires_compiler, run_isolated
+from native_helpers import native_calls, requires_compiler, run_isolated
 from sparse_attention.helpers import SFA, SFA_GRAD, AttentionCase, paged_arrays, sfa_grad_feeds, sfa_graph
 
 pytestmark = requires_compiler
@@ -51,12 +49,6 @@ FORWARD_ONLY = {
 }
 
 
-def _calls() -> int:
-    counter = ctypes.CDLL(native_library()).geir_native_calls
-    counter.restype = ctypes.c_long
-    return counter()
-
-
 def _assert_agrees(got: dict, want: dict, dtype: str) -> None:
     assert set(got) == set(want)
     for name in want:
@@ -86,9 +78,9 @@ def _grad(case: AttentionCase):
 
 
 def _native_run(graph, feeds) -> dict:
-    before = _calls()
+    before = native_calls()
     result = geir.run(graph, feeds, runtime="onnxruntime")
-    assert _calls() == before + 1, "the native kernel did not run"
+    assert native_calls() == before + 1, "the native kernel did not run"
     return result
 
 

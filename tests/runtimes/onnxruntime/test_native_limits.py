@@ -17,18 +17,12 @@ import geir
 from geir.runtimes.onnxruntime import native_library
 from geir.runtimes.onnxruntime._native import CFLAGS, NATIVE, SOURCES, find_compiler
 from helpers import random_feeds
-from native_helpers import requires_compiler, run_isolated
+from native_helpers import native_calls, requires_compiler, run_isolated
 from oracles.numerics import bits_equal
 from oracles.sfa import forward_reference
 from rotary.helpers import ROPE, ROPE_GRAD, rotary_graph
 
 pytestmark = requires_compiler
-
-
-def _calls() -> int:
-    counter = ctypes.CDLL(native_library()).geir_native_calls
-    counter.restype = ctypes.c_long
-    return counter()
 
 
 def _distance(got: np.ndarray, want: np.ndarray) -> float:
@@ -178,9 +172,9 @@ def test_a_rotary_slice_over_1024_runs_natively_and_bit_identically(op, mode, dt
     g = rotary_graph(op, (2, 3, 2, length + 9), (1, 3, 1, length), dtype, rotary_mode=mode,
                      partial_slice=[5, 5 + length])
     feeds = random_feeds(g, seed=mode)
-    before = _calls()
+    before = native_calls()
     theirs = geir.run(g, feeds, runtime="onnxruntime")["y"]
-    assert _calls() > before                     # the native kernel ran, not the function body
+    assert native_calls() > before               # the native kernel ran, not the function body
     assert bits_equal(theirs, geir.run(g, feeds)["y"])
 
 
@@ -200,5 +194,3 @@ def test_a_failed_rotary_allocation_is_an_error_not_zeros():
         finally:
             library.geir_fail_allocation(-1)
         assert bits_equal(geir.run(g, feeds, runtime="onnxruntime")["y"], want)
-
-
