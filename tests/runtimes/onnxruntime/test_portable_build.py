@@ -23,6 +23,7 @@ HERE = Path(__file__).parent
 TESTS = HERE.parents[1]
 NATIVE_TESTS = ("runtimes/onnxruntime/test_native.py", "runtimes/onnxruntime/test_native_families.py",
                 "runtimes/onnxruntime/test_native_gemm.py", "runtimes/onnxruntime/test_native_limits.py",
+                "runtimes/onnxruntime/test_native_self_test.py",
                 "rotary/test_rotary_native.py", "moe/test_moe_native.py", "sparse_attention/test_sfa_native.py",
                 "sparse_attention/test_sfa_grad_determinism.py")
 PORTABLE_FLAGS = ("-mno-avx", "-mno-avx2", "-mno-fma", "-mno-f16c")
