@@ -1,12 +1,9 @@
 """What the tests of every family share: dtype names, random and awkward feeds, graph comparison, the pieces of the
 subgraphs exporters write (int64 constants, Slice), the check that a rewrite computes what the original did and
 the one that a VJP agrees with finite differences. Each family's own builders and cases are in
-tests/<family>/helpers.py; they are still found here under their old names (``_MOVED``) for tests that import
-them from here (tests/tools)."""
+tests/<family>/helpers.py."""
 
 from __future__ import annotations
-
-import importlib
 
 import ml_dtypes
 import numpy as np
@@ -127,16 +124,3 @@ def assert_same_graph(got: geir.Graph, want: geir.Graph) -> None:
         assert [sig(v) for v in a.inputs] == [sig(v) for v in b.inputs], a.name
         assert [sig(v) for v in a.outputs] == [sig(v) for v in b.outputs], a.name
     assert [sig(v) for v in got.outputs] == [sig(v) for v in want.outputs]
-
-
-_MOVED = {**dict.fromkeys(("ROPE", "ROPE_GRAD", "empty_grad_slices_expected", "rotary_graph"), "rotary.helpers"),
-          **dict.fromkeys(("MOE", "MOE_GRAD", "moe_graph", "moe_grad_graph"), "moe.helpers"),
-          **dict.fromkeys(("SFA", "SFA_GRAD", "sfa_graph", "sfa_grad_feeds"), "sparse_attention.helpers")}
-
-
-def __getattr__(name: str):
-    """The family names, from their family's helpers (imported when asked for: a family's helpers may import this
-    module)."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,8 @@ import pytest
 import geir
 from geir.schemas.targets import TARGETS
 from geir.tools.cli import main
-from helpers import ROPE_GRAD, moe_graph, rotary_graph
+from moe.helpers import moe_graph
+from rotary.helpers import ROPE_GRAD, rotary_graph
 
 ROOT = Path(__file__).parents[2]
 

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 import geir
 from geir import testing
-from helpers import ROPE_GRAD, moe_graph, random_feeds, rotary_graph
+from helpers import random_feeds
+from moe.helpers import moe_graph
+from rotary.helpers import ROPE_GRAD, rotary_graph
 from oracles.rotary import rotary_reference
 
 
