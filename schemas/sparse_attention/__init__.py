@@ -2,8 +2,8 @@
 everything about it that is not a runtime kernel.
 
 ``schema``: the declarations and their rules; ``body``: the ONNX function bodies; ``targets``: the
-device restrictions; ``examples``: the spec's worked example as data and ``SfaCase``, the random valid cases the
-tests and the benchmarks draw; ``selection``: which keys a query row sees, the one statement the rules,
+device restrictions; ``examples``: the spec's worked example as data and ``SfaCase``, the random valid cases
+``geir bench`` and ``geir example`` draw; ``selection``: which keys a query row sees, the one statement the rules,
 the kernels and the validation share (the ONNX body is tested against it); ``paging``: where each
 logical key of a paged KV cache lives (PA_BSND, spec 4.11).
 """

@@ -1,6 +1,6 @@
 """The sparse attention ops' example cases: the worked example E1 (spec 4.9), exact in float16 and
-bfloat16, and ``SfaCase``, random valid inputs of any shape and mode, which the tests, the
-benchmarks (``BENCH``) and the property tests draw from."""
+bfloat16, and ``SfaCase``, random valid inputs of any shape and mode, which the benchmarks (``BENCH``)
+and ``geir example`` draw from (the tests have their own, tests/sparse_attention/helpers.py)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class SfaCase:
 
     def arrays(self) -> dict[str, np.ndarray | None]:
         rng = np.random.default_rng(self.seed)
-        dt = np.float64 if self.dtype == "float64" else as_dtype(self.dtype).numpy   # float64: kernels' test hook
+        dt = as_dtype(self.dtype).numpy
         bsnd = self.layout == "BSND"
         qlead = (self.B, self.S1) if bsnd else (self.tnd_q[-1] + 1,)       # TND: one trailing unbatched row
         kvlead = (self.B, self.S2) if bsnd else (self.tnd_kv[-1] + 2,)
