@@ -173,7 +173,7 @@ def bad_files(tmp_path_factory):
     import numpy as np
 
     import geir
-    from helpers import ROPE_GRAD, rotary_graph
+    from rotary.helpers import ROPE_GRAD, rotary_graph
 
     tmp = tmp_path_factory.mktemp("bad")
     graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[4, 12])
@@ -215,7 +215,7 @@ def test_a_reader_that_closes_stdout_early_loses_the_printout_not_the_work(tmp_p
     import numpy as np
 
     import geir
-    from helpers import ROPE_GRAD, rotary_graph
+    from rotary.helpers import ROPE_GRAD, rotary_graph
 
     graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[4, 12])
     geir.save_onnx(graph, tmp_path / "model.onnx")
@@ -234,7 +234,7 @@ def test_a_closed_stdout_descriptor_loses_the_printout_not_the_work(tmp_path):
     import numpy as np
 
     import geir
-    from helpers import ROPE_GRAD, rotary_graph
+    from rotary.helpers import ROPE_GRAD, rotary_graph
 
     graph = rotary_graph(ROPE_GRAD, ("B", 4, 2, 16), (1, 4, 1, 8), "float32", rotary_mode=1, partial_slice=[4, 12])
     geir.save_onnx(graph, tmp_path / "model.onnx")
