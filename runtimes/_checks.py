@@ -28,17 +28,33 @@ def is_symbolic(node: Node) -> bool:
     return not all(v.type.is_static for v in node.inputs if v is not None)
 
 
+MAX_REMEMBERED_SHAPES = 4096
+"""How many (node, fed input shapes) results a graph revision keeps (``output_types_on``)."""
+
+
 def output_types_on(graph: Graph, node: Node, shapes: Sequence[tuple[int, ...] | None]) -> list[TensorType | None]:
     """Re-run ``node``'s semantic rules and inference on concrete input shapes; its output types.
 
+    What passed is remembered per graph revision and input shapes (the rules and inference read only the shapes, the
+    attributes and the graph's constants, all fixed for a revision), so a run on shapes seen before costs a lookup,
+    not ONNX's shape inference again; a failure is never remembered and raises on every run.
+
     Raises ExecutionError (rule id, node, operand and dim, as the build-time GraphError said them).
     """
+    remembered: dict[tuple[str, tuple[tuple[int, ...] | None, ...]], tuple[TensorType | None, ...]] = \
+        graph.compiled.setdefault(("checks", "types on fed shapes"), {})  # type: ignore[assignment]
+    key = (node.name, tuple(shapes))
+    found = remembered.get(key)
+    if found is not None:
+        return list(found)
     concrete = [None if s is None else TensorType(v.type.dtype, s) for v, s in zip(node.inputs, shapes)]
     try:
         _, types = infer_node(node, graph.symbols, concrete, graph.constants)
     except GraphError as exc:
         raise ExecutionError(f"{exc.message} (on the fed shapes; {describe(node)})", node=node.name,
                              rule=exc.rule) from None
+    if len(remembered) < MAX_REMEMBERED_SHAPES:
+        remembered[key] = tuple(types)
     return list(types)
 
 
@@ -46,8 +62,15 @@ def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tup
     """Concrete types of every value whose shape follows from the fed shapes, checking each symbolic node.
 
     Nodes whose inputs are all known are re-checked on them (``output_types_on``); a value whose
-    shape depends on data (a computed Reshape target, say) stays unknown, and so does what it feeds.
+    shape depends on data (a computed Reshape target, say) stays unknown, and so does what it feeds. The result is
+    remembered per graph revision, node order and fed shapes, as ``output_types_on``'s are.
     """
+    remembered: dict[tuple[int, tuple[tuple[str, tuple[int, ...]], ...]], dict[str, TensorType]] = \
+        graph.compiled.setdefault(("checks", "concrete types"), {})  # type: ignore[assignment]
+    key = (len(order), tuple(sorted(shapes.items())))
+    found = remembered.get(key)
+    if found is not None:
+        return dict(found)
     known: dict[str, TensorType] = {v.name: TensorType(v.type.dtype, shapes[v.name]) for v in graph.inputs
                                     if v.name in shapes}
     known.update({c.name: c.type for c in graph.constant_values})
@@ -61,6 +84,8 @@ def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tup
         for value, t in zip(node.outputs, types):
             if value is not None and t is not None and t.is_static:
                 known[value.name] = t
+    if len(remembered) < MAX_REMEMBERED_SHAPES:
+        remembered[key] = dict(known)
     return known
 
 
