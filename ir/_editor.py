@@ -158,7 +158,8 @@ class GraphEditor:
         Without ``domain``, our op of that name if there is one, else the standard op. Inputs
         are positional (None for an absent optional input), attributes by keyword. ``outputs``
         gives the output count of a standard op whose count varies (Split can also tell it
-        from ``num_outputs`` or a constant ``split``).
+        from ``num_outputs`` or a constant ``split``), or leaves a standard op's optional trailing outputs out
+        (``b.op("BatchNormalization", x, s, bias, m, v, outputs=1)``: inference mode has one output).
         Example: ``b.op("Add", x, y)``, ``b.op("Transpose", x, perm=[0, 2, 1, 3])``,
         ``a, c = b.op("Split", x, axis=1, num_outputs=2)``.
 
@@ -186,6 +187,12 @@ class GraphEditor:
             if op_type == "Split" and "num_outputs" not in attributes and (len(inputs) < 2 or inputs[1] is None):
                 attributes = {**attributes, "num_outputs": count}   # opset 18 wants one of the two
             schema = get_schema(op_type, domain, name, outputs=count)
+        elif outputs is not None and domain == "" and len(schema.optional_outputs) > 1:
+            counts = schema.optional_outputs          # a standard op with optional trailing outputs
+            if outputs not in counts:
+                raise GraphError(f"{op_type}: outputs=: expected {counts.start} to {counts.stop - 1} (its optional "
+                                 f"outputs are trailing), got {outputs!r}")
+            schema = get_schema(op_type, domain, name, outputs=outputs)
         elif outputs is not None:
             raise GraphError(f"{op_type}: outputs=: the op has a fixed number of outputs ({len(schema.outputs)})")
         result = self._add(schema, list(inputs), {}, attributes, name)

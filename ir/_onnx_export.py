@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, checker, helper, numpy_helper
+from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, checker, helper, numpy_helper, shape_inference
 
 from ._onnx_body import OPSET, Body
 from ._registry import get_schema
 from ._lowering import LOWERINGS, LoweringSpec
 from ._core import CANN_DOMAIN, Graph, Node, Value, unused_name
-from ._errors import GraphError
+from ._errors import GraphError, first_line
+from ._standard import export_attributes
 from ._files import write_file
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_to_onnx, value_info
@@ -48,7 +49,9 @@ def to_onnx(graph: Graph) -> ModelProto:
                     location=node.location)
             attributes = [attribute_to_onnx(a.name, a.kind.value, node.attributes[a.name]) for a in schema.attributes]
         else:
-            attributes = [helper.make_attribute(k, v) for k, v in node.attributes.items()]
+            given = export_attributes(node.op_type, node.attributes, node.inputs[0].type if node.inputs and
+                                      node.inputs[0] is not None else None)
+            attributes = [helper.make_attribute(k, v) for k, v in given.items()]
         names = _input_names(node)
         if node.domain == "" and node.op_type == "Slice":
             names = _slice_inputs(node, names, graph, added)
@@ -77,7 +80,11 @@ def to_onnx(graph: Graph) -> ModelProto:
     functions = [_function(spec) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,
                               producer_name="geir")
-    checker.check_model(model, full_check=True)
+    try:
+        checker.check_model(model, full_check=True)
+    except shape_inference.InferenceError as exc:   # e.g. a pool's ceil_mode size, see ir/_standard.py
+        raise GraphError(f"graph '{graph.name}': cannot export at opset {OPSET}: ONNX's shape inference disagrees "
+                         f"with the graph's types: {first_line(exc)}") from None
     return model
 
 

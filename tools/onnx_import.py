@@ -241,6 +241,9 @@ def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
         attrs = {a.name: attribute_from_onnx(a, kinds.get(a.name)) for a in node.attribute}
     elif domain in ("", "ai.onnx"):
         schema = get_schema(node.op_type, "", node.name, outputs=len(node.output))
+        if not schema.variadic:   # absent ("") trailing optional outputs are left out, as ONNX's inference wants
+            schema = get_schema(node.op_type, "", node.name, outputs=max(
+                (i + 1 for i, n in enumerate(node.output) if n), default=0))
         attrs = {a.name: attribute_from_onnx(a, None) for a in node.attribute}
     else:
         raise GraphError(f"{node.op_type} '{node.name}': domain '{domain}' is neither ours ({CANN_DOMAIN}) nor "

@@ -98,9 +98,11 @@ class OnnxRuntimeExecutable:
                 _validate_node(node, known, types, final=True)
         if self.plain_run and not buffers:
             try:
-                return dict(zip(self.output_names, self.session.run(self.output_names, arrays)))
+                plain = dict(zip(self.output_names, self.session.run(self.output_names, arrays)))
             except Exception as exc:
                 raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
+            _check_outputs(self.graph, plain, types)
+            return plain
         binding = self.session.io_binding()
         keep_alive = _bind_inputs(binding, arrays)   # OrtValues and buffers must outlive the run
         results: dict[str, np.ndarray] = {}
@@ -129,6 +131,7 @@ class OnnxRuntimeExecutable:
                 source = arrays.get(value.name)
                 results[value.name] = (source if source is not None else self.graph.constants[value.name]).copy()
         ordered = {v.name: results[v.name] for v in self.graph.outputs}
+        _check_outputs(self.graph, ordered, types)
         fill_output_buffers(self.graph, ordered, buffers)
         return ordered
 
@@ -193,6 +196,20 @@ def _as_array(value: ort.OrtValue) -> np.ndarray:
     if math.prod(shape) == 0:
         return np.empty(shape, ml_dtypes.bfloat16)
     return np.asarray(_OrtMemory(value, shape)).view(ml_dtypes.bfloat16)
+
+
+def _check_outputs(graph: Graph, results: Mapping[str, np.ndarray], types: Mapping[str, TensorType]) -> None:
+    """What ONNX Runtime returned has each output's declared shape (ExecutionError otherwise), as the NumPy runtime
+    checks every kernel's result: ONNX Runtime only warns when a result disagrees with the model's declared shape."""
+    for value in graph.outputs:
+        array = results[value.name]
+        want = types.get(value.name, value.type)
+        if len(array.shape) != len(want.shape) or any(isinstance(d, int) and d != a
+                                                       for a, d in zip(array.shape, want.shape)):
+            node = value.producer
+            where = describe(node) if node is not None else f"graph '{graph.name}'"
+            raise ExecutionError(f"{where} on onnxruntime: returned {list(array.shape)} for output '{value.name}', "
+                                 f"expected {want}", node=None if node is None else node.name)
 
 
 def _stand_in(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
