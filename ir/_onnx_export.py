@@ -22,6 +22,7 @@ from ._standard import export_attributes
 from ._files import write_file
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_to_onnx, value_info
+from ._subgraphs import captured_names, rename_in_node
 from ._types import TensorType
 
 __all__ = ["IR_VERSION", "save_onnx", "to_onnx"]
@@ -60,6 +61,9 @@ def to_onnx(graph: Graph) -> ModelProto:
                                  [v.name if v is not None else "" for v in node.outputs], name=node.name,
                                  domain=node.domain)
         proto.attribute.extend(attributes)
+        if node.domain != CANN_DOMAIN:   # its subgraphs read the captured values (ir._subgraphs) by their names now
+            captured = captured_names(node.attributes)
+            rename_in_node(proto, dict(zip(captured, (v.name for v in node.inputs[len(node.inputs) - len(captured):]))))
         nodes.append(proto)
     outputs = {v.name for v in graph.outputs}
     inputs = {v.name for v in graph.inputs}
@@ -99,6 +103,8 @@ def _input_names(node: Node) -> list[str]:
     (both mean "absent" to ONNX, yet ONNX Runtime's Squeeze stops on a trailing "": "Axes input is null"); a call
     of our ops' functions keeps them, as onnx.reference wants one name per formal input of a function."""
     inputs = list(node.inputs)
+    if node.domain != CANN_DOMAIN:    # the values its subgraphs read (ir._subgraphs) are no inputs in ONNX
+        inputs = inputs[:len(inputs) - len(captured_names(node.attributes))]
     while node.domain != CANN_DOMAIN and inputs and inputs[-1] is None:
         inputs.pop()
     return [v.name if v is not None else "" for v in inputs]

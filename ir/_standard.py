@@ -17,6 +17,7 @@ from onnx import checker, defs, helper, numpy_helper, shape_inference
 from ._dtypes import DType
 from ._errors import GraphError, SourceLocation, first_line, format_rule_message
 from ._onnx_types import tensor_type_from_onnx
+from ._subgraphs import captured_names, rename_captures
 from ._types import TensorType
 
 from ._onnx_body import OPSET
@@ -58,6 +59,11 @@ class StandardOpSchema:
             specs = specs[:outputs]   # the node leaves its optional trailing outputs out (inference BatchNormalization)
         self.outputs = tuple(specs)
         self.max_inputs = self.onnx.max_input
+        self.holds_subgraphs = any(a.type in (defs.OpSchema.AttrType.GRAPH, defs.OpSchema.AttrType.GRAPHS)
+                                   for a in self.onnx.attributes.values())
+        """If, Loop, Scan, ...: the node's inputs are the op's, then its captures (``ir._subgraphs``)."""
+        if self.holds_subgraphs:
+            self.max_inputs = 2**31 - 1
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -107,7 +113,13 @@ class StandardOpSchema:
         context.ir_version = onnx.IR_VERSION
         context.opset_imports = {"": OPSET}
         try:
-            checker.check_node(proto, context)
+            captured = captured_names(given)
+            if captured:   # a subgraph may read values of the enclosing graph: check the node in a graph declaring them
+                declared = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [])
+                            for n in list(proto.input) + [c for c in captured if c not in proto.input]]
+                checker.check_graph(helper.make_graph([proto], "scope", declared, []), context)
+            else:
+                checker.check_node(proto, context)
         except checker.ValidationError as exc:
             raise GraphError(f"[SCH-3] {self.op_type} '{node}': attributes: {first_line(exc)}", rule="SCH-3", node=node,
                              location=location) from None
@@ -115,6 +127,8 @@ class StandardOpSchema:
 
     def check_signature(self, input_types, node: str, location: SourceLocation | None = None) -> None:
         count = len(input_types)
+        if self.holds_subgraphs:   # captures follow the op's inputs; infer_types checks the count
+            return
         while count and input_types[count - 1] is None:
             count -= 1
         if not self.onnx.min_input <= count <= self.onnx.max_input:
@@ -131,6 +145,8 @@ class StandardOpSchema:
                              f"'split'), got {count}", rule="SCH-2", node=ctx.node, location=ctx.location)
 
     def infer_types(self, ctx: InferContext) -> tuple[TensorType | None, ...]:
+        if self.holds_subgraphs:
+            return self._infer_with_subgraphs(ctx)
         names = [f"in{i}" if t is not None else "" for i, t in enumerate(ctx.inputs)]
         proto = helper.make_node(self.op_type, names, [f"out{i}" for i in range(len(self.outputs))], **ctx.attributes)
         types = {n: helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape)) for n, t in zip(names, ctx.inputs)
@@ -143,6 +159,43 @@ class StandardOpSchema:
         except Exception as exc:  # onnx raises several types; all mean the same for the user
             raise GraphError(f"{self.op_type} '{ctx.node}': ONNX shape inference failed: {exc}", node=ctx.node,
                              location=ctx.location) from None
+        return self._output_types(ctx, inferred)
+
+    def _infer_with_subgraphs(self, ctx: InferContext) -> tuple[TensorType | None, ...]:
+        """Types of a node holding subgraphs: ONNX's shape inference over a one-node model whose inputs are the op's
+        inputs and the node's captures (the values its subgraphs read of enclosing scopes, ``ir._subgraphs``)."""
+        captured = captured_names(ctx.attributes)
+        formal = len(ctx.inputs) - len(captured)
+        count = formal
+        while count and ctx.inputs[count - 1] is None:
+            count -= 1
+        if formal < 0 or not self.onnx.min_input <= count <= self.onnx.max_input:
+            self.raise_error("SCH-2", ctx.node, "inputs", f"{self.onnx.min_input} to {self.onnx.max_input}, then one "
+                             f"per value its subgraphs read of enclosing scopes ({len(captured)})", len(ctx.inputs),
+                             ctx.location)
+        names = [f"geir_in{i}" if t is not None else "" for i, t in enumerate(ctx.inputs[:formal])]
+        names += [f"geir_capture{k}" for k in range(len(captured))]
+        attributes = rename_captures(ctx.attributes, dict(zip(captured, names[formal:])))
+        outputs = [f"geir_out{i}" for i in range(len(self.outputs))]
+        proto = helper.make_node(self.op_type, names[:formal], outputs, **attributes)
+        declared = [helper.make_value_info(n, helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape)))
+                    for n, t in zip(names, ctx.inputs) if t is not None]
+        known = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, ctx.input_values) if v is not None]
+        model = helper.make_model(helper.make_graph([proto], "node", declared, [helper.make_value_info(o, onnx.TypeProto())
+                                                                                 for o in outputs], initializer=known),
+                                  opset_imports=[helper.make_opsetid("", OPSET)])
+        try:
+            model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        except Exception as exc:  # onnx raises several types; all mean the same for the user
+            raise GraphError(f"{self.op_type} '{ctx.node}': ONNX shape inference failed: {exc}", node=ctx.node,
+                             location=ctx.location) from None
+        inferred = {v.name: v.type for v in model.graph.output if v.type.WhichOneof("value") is not None}
+        if self.op_type == "Loop":
+            _loop_state_shapes(attributes["body"], ctx.inputs[2:formal], declared[-len(captured):] if captured else [],
+                               known, [inferred.get(o) for o in outputs])
+        return self._output_types(ctx, {f"out{i}": inferred.get(o) for i, o in enumerate(outputs)})
+
+    def _output_types(self, ctx: InferContext, inferred: dict) -> tuple[TensorType | None, ...]:
         out: list[TensorType | None] = []
         for i, spec in enumerate(self.outputs):
             tp = inferred.get(f"out{i}")
@@ -152,6 +205,59 @@ class StandardOpSchema:
             symbol = "".join(ch if ch.isalnum() else "_" for ch in f"{ctx.node}_{spec.name}")
             out.append(tensor_type_from_onnx(tp, f"{self.op_type} '{ctx.node}' output {i} '{spec.name}'", symbol))
         return _ceil_mode_pool_shapes(self.op_type, ctx, tuple(out))
+
+
+def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, known: list, outputs: list) -> None:
+    """Give a Loop's outputs the shapes ONNX's inference leaves out because a loop-carried value may change shape
+    across iterations. The body is inferred with each state of its initial rank and a fresh symbol per dim: a dim
+    the body passes through unchanged keeps its initial size in every iteration; a state's dim the body sets to a
+    size equal to the initial one is that size too; every other dim is unknown. Scan outputs get the iterations as
+    their first dim. Nothing is given when a state changes rank. ``outputs`` (TypeProtos) are completed in place."""
+    if any(t is None for t in states) or len(body.input) != 2 + len(states) or len(body.output) < 1 + len(states):
+        return
+    graph = onnx.GraphProto()
+    graph.CopyFrom(body)
+    types = [helper.make_tensor_type_proto(onnx.TensorProto.INT64, []),
+             helper.make_tensor_type_proto(onnx.TensorProto.BOOL, [])]
+    types += [helper.make_tensor_type_proto(t.dtype.onnx, [f"geir_state{k}_{i}" for i in range(len(t.shape))])
+              for k, t in enumerate(states)]
+    for value, tp in zip(graph.input, types):
+        value.type.CopyFrom(tp)
+    for value in graph.output:
+        value.type.CopyFrom(onnx.TypeProto())
+    graph.input.extend(captures)
+    graph.initializer.extend(t for t in known if t.name in {c.name for c in captures})
+    try:
+        model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]),
+                                             strict_mode=True, data_prop=True)
+    except Exception:   # the Loop's own inference passed: leave the outputs as ONNX gave them
+        return
+    results = [v.type for v in model.graph.output[1:]]
+    if any(not r.tensor_type.HasField("shape") for r in results):
+        return
+    invariant: dict[str, Any] = {}
+    for k, t in enumerate(states):
+        dims = results[k].tensor_type.shape.dim
+        if len(dims) != len(t.shape):
+            return
+        for i, dim in enumerate(dims):
+            if dim.dim_param == f"geir_state{k}_{i}":
+                invariant[dim.dim_param] = t.shape[i]
+
+    def size(dim, initial=None):
+        if dim.HasField("dim_value"):
+            return dim.dim_value if initial is None or initial == dim.dim_value else None
+        return invariant.get(dim.dim_param)
+
+    for k, result in enumerate(results):
+        out = outputs[k] if k < len(outputs) else None
+        if out is None or out.tensor_type.HasField("shape"):
+            continue
+        if k < len(states):
+            dims = [size(d, states[k].shape[i]) for i, d in enumerate(result.tensor_type.shape.dim)]
+        else:
+            dims = [None] + [size(d) for d in result.tensor_type.shape.dim]
+        out.tensor_type.shape.CopyFrom(helper.make_tensor_type_proto(out.tensor_type.elem_type, dims).tensor_type.shape)
 
 
 def standard_schema(op_type: str, outputs: int | None = None) -> StandardOpSchema:

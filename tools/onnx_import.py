@@ -29,6 +29,7 @@ from ..ir._errors import GraphError, first_line
 from ..ir._files import FileRefused, read_regular_file
 from ..ir._onnx_schemas import register_onnx_schemas
 from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
+from ..ir._subgraphs import captured_names
 
 __all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes"]
 
@@ -212,8 +213,9 @@ def _dependency_order(graph, available: set[str]) -> list:
     producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(graph.node)))
-    for i, node in enumerate(graph.node):
-        for name in node.input:
+    for i, node in enumerate(graph.node):   # a subgraph's reads of this graph's values order the node too
+        reads = list(node.input) + list(captured_names({a.name: a for a in node.attribute}))
+        for name in reads:
             if not name or name in available:
                 continue
             if name not in producer:
@@ -249,6 +251,7 @@ def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
         raise GraphError(f"{node.op_type} '{node.name}': domain '{domain}' is neither ours ({CANN_DOMAIN}) nor "
                          f"standard ONNX", node=node.name)
     inputs = [values[n] if n else None for n in node.input]
+    inputs += [values[n] for n in captured_names(attrs)]    # what its subgraphs read of enclosing scopes
     results = b.add_node(schema, inputs, attrs, name, output_names=list(node.output))
     for value in results if isinstance(results, tuple) else (results,):
         if value is not None:

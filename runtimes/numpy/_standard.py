@@ -12,10 +12,12 @@ from collections.abc import Callable
 import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
 from ...ir._core import Node
 from ...ir._errors import ExecutionError
 from ...ir._onnx_types import value_info
+from ...ir._subgraphs import captured_names, rename_captures
 from ...schemas import OPSET
 from ...schemas.onnx_slice import SliceError, slice_index
 from .._checks import describe
@@ -45,17 +47,46 @@ def _slice_kernel(node: Node) -> Callable[..., tuple[np.ndarray]]:
     return run
 
 
+class Loop(_ReferenceLoop):
+    """onnx.reference's Loop, its scan outputs stacked along a new first axis as ONNX says (and ONNX Runtime does):
+    onnx.reference ``np.vstack``s them, which concatenates the iterations' values along their own first axis."""
+
+    op_domain = ""
+
+    def _run(self, *args, **kwargs):
+        body, seen = self._run_body, []     # OpRun sets _run_body on the instance: wrap it to see each iteration
+
+        def iteration(*a, **k):
+            outputs = body(*a, **k)
+            seen.append([np.shape(o) for o in outputs[len(outputs) - self.K:]] if self.K else [])
+            return outputs
+
+        self._run_body = iteration
+        try:
+            results = list(super()._run(*args, **kwargs))
+        finally:
+            self._run_body = body
+        for k, shape in enumerate(seen[-1] if seen else []):
+            at = len(self.body.output_names) - 1 - self.K + k
+            results[at] = np.reshape(results[at], (len(seen),) + tuple(shape))
+        return tuple(results)
+
+
 def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     """A kernel running one standard node through ``onnx.reference.ReferenceEvaluator`` (Slice: ONNX's rules)."""
     if node.op_type == "Slice" and not node.attributes:   # Slice-1 kept its bounds in attributes
         return _slice_kernel(node)
+    captured = captured_names(node.attributes)      # what its subgraphs read of enclosing scopes: inputs after the op's
+    formal = len(node.inputs) - len(captured)
     inputs = [f"in{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
     outputs = [f"out{i}" if v is not None else "" for i, v in enumerate(node.outputs)]
-    proto = helper.make_node(node.op_type, inputs, outputs, **node.attributes)
+    attributes = rename_captures(node.attributes, dict(zip(captured, inputs[formal:])))
+    proto = helper.make_node(node.op_type, inputs[:formal], outputs, **attributes)
     graph = helper.make_graph([proto], node.name,
                               [value_info(n, v.type) for n, v in zip(inputs, node.inputs) if v is not None],
                               [value_info(n, v.type) for n, v in zip(outputs, node.outputs) if v is not None])
-    evaluator = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]))
+    evaluator = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]),
+                                   new_ops=[Loop] if node.op_type == "Loop" else None)
     wanted = [n for n in outputs if n]
 
     def run(*args: np.ndarray | None, **_: object) -> tuple[np.ndarray | None, ...]:
