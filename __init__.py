@@ -25,11 +25,12 @@ from .ir._onnx_schemas import register_onnx_schemas
 
 register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops once geir is imported
 
-from .tools import testing
+from .tools import backend, testing
 
 sys.modules.setdefault(__name__ + ".ge", ge)   # ``import geir.ge`` as well as ``from geir import ge``
 sys.modules.setdefault(__name__ + ".ge.op", ge.op)   # ``import geir.ge.op`` too: the same module, not a copy
 sys.modules.setdefault(__name__ + ".testing", testing)
+sys.modules.setdefault(__name__ + ".backend", backend)   # ONNX's backend interface: ``import geir.backend``
 
 float32 = DType.FLOAT32
 float16 = DType.FLOAT16
@@ -55,6 +56,7 @@ __all__ = [
     "Value",
     "Violation",
     "as_dtype",
+    "backend",
     "bfloat16",
     "bool_",
     "check",
