@@ -24,8 +24,11 @@ PATHS = ("numpy", "onnxruntime", "export")
 
 
 class _SessionRep(BackendRep):
-    def __init__(self, run: Any, inputs: list[str], outputs: list[str]) -> None:
-        self._run, self.inputs, self.outputs = run, inputs, outputs
+    def __init__(self, run: Any, model: ModelProto) -> None:
+        initializers = {t.name for t in model.graph.initializer}
+        self._run = run
+        self.inputs = [i.name for i in model.graph.input if i.name not in initializers]   # what the suite feeds
+        self.outputs = [o.name for o in model.graph.output]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         values = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
@@ -35,13 +38,18 @@ class _SessionRep(BackendRep):
 
 def _ort_rep(model: ModelProto) -> _SessionRep:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in initializers]
-    outputs = [o.name for o in model.graph.output]
-    return _SessionRep(lambda feeds: session.run(outputs, feeds), inputs, outputs)
+    return _SessionRep(lambda feeds: session.run(None, feeds), model)   # None: every output, in the model's order
 
 
-class ExportBackend(Backend):
+class _CpuBackend(Backend):
+    """A backend of the CPU device only (the suite's CUDA tests are left out)."""
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device == "CPU"
+
+
+class ExportBackend(_CpuBackend):
     """geir imports the model and exports it again; plain ONNX Runtime runs the export."""
 
     @classmethod
@@ -50,36 +58,22 @@ class ExportBackend(Backend):
             warnings.simplefilter("ignore")
             return _ort_rep(geir.to_onnx(geir.from_onnx(model)))
 
-    @classmethod
-    def supports_device(cls, device: str) -> bool:
-        return device == "CPU"
 
-
-class OrtBackend(Backend):
+class OrtBackend(_CpuBackend):
     """Plain ONNX Runtime on the original model: the engine alone."""
 
     @classmethod
     def prepare(cls, model: ModelProto, device: str = "CPU", **kwargs: Any) -> BackendRep:
         return _ort_rep(model)
 
-    @classmethod
-    def supports_device(cls, device: str) -> bool:
-        return device == "CPU"
 
-
-class ReferenceBackend(Backend):
+class ReferenceBackend(_CpuBackend):
     """onnx.reference on the original model: the engine alone."""
 
     @classmethod
     def prepare(cls, model: ModelProto, device: str = "CPU", **kwargs: Any) -> BackendRep:
         evaluator = ReferenceEvaluator(model)
-        initializers = {t.name for t in model.graph.initializer}
-        inputs = [i.name for i in model.graph.input if i.name not in initializers]
-        return _SessionRep(lambda feeds: evaluator.run(None, feeds), inputs, [o.name for o in model.graph.output])
-
-    @classmethod
-    def supports_device(cls, device: str) -> bool:
-        return device == "CPU"
+        return _SessionRep(lambda feeds: evaluator.run(None, feeds), model)
 
 
 BACKENDS: dict[str, type[Backend]] = {"numpy": backend_for("numpy"), "onnxruntime": backend_for("onnxruntime"),
