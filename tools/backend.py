@@ -48,18 +48,27 @@ class GeirRep(BackendRep):
         return namedtupledict("Outputs", self.output_names)(*[results[name] for name in self.output_names])
 
 
+def _known(runtime: str) -> str:
+    if runtime not in runtime_names():
+        raise GraphError(f"geir.backend: runtime {runtime!r}: expected one of {', '.join(runtime_names())}")
+    return runtime
+
+
+def _is_cpu(device: str) -> bool:
+    try:
+        return Device(device).type == DeviceType.CPU
+    except Exception:   # onnx raises on a device string it cannot parse
+        return False
+
+
 def _runtime(device: str, default: str, runtime: str | None) -> str:
     if runtime is not None:
-        chosen = runtime
-    elif device.lower() in runtime_names():
-        chosen = device.lower()
-    elif Device(device).type == DeviceType.CPU:
-        chosen = default
-    else:
-        raise GraphError(f"geir.backend: device {device!r}: expected CPU or a runtime ({', '.join(runtime_names())})")
-    if chosen not in runtime_names():
-        raise GraphError(f"geir.backend: runtime {chosen!r}: expected one of {', '.join(runtime_names())}")
-    return chosen
+        return _known(runtime)
+    if device.lower() in runtime_names():
+        return device.lower()
+    if _is_cpu(device):
+        return default
+    raise GraphError(f"geir.backend: device {device!r}: expected CPU or a runtime ({', '.join(runtime_names())})")
 
 
 class Backend(OnnxBackend):
@@ -78,19 +87,12 @@ class Backend(OnnxBackend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
-        if device.lower() in runtime_names():
-            return True
-        try:
-            return Device(device).type == DeviceType.CPU
-        except Exception:   # onnx raises on a device string it cannot parse
-            return False
+        return device.lower() in runtime_names() or _is_cpu(device)
 
 
 def backend_for(runtime: str) -> type[Backend]:
     """The backend whose generic "CPU" device is ``runtime``."""
-    if runtime not in runtime_names():
-        raise GraphError(f"geir.backend: runtime {runtime!r}: expected one of {', '.join(runtime_names())}")
-    return type(f"{runtime.title()}Backend", (Backend,), {"runtime": runtime})
+    return type(f"{runtime.title()}Backend", (Backend,), {"runtime": _known(runtime)})
 
 
 prepare = Backend.prepare

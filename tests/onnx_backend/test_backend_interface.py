@@ -36,6 +36,10 @@ def test_devices_and_runtimes_are_named_clearly():
     assert not backend.supports_device("CUDA") and not backend.supports_device("no such thing")
     with pytest.raises(geir.GraphError, match="device 'CUDA': expected CPU or a runtime"):
         backend.prepare(_model(), "CUDA")
+    with pytest.raises(geir.GraphError, match="device 'no such thing': expected CPU or a runtime"):
+        backend.prepare(_model(), "no such thing")
+    with pytest.raises(geir.GraphError, match="runtime 'tpu': expected one of"):
+        backend.backend_for("tpu")
     with pytest.raises(geir.GraphError, match="runtime 'tpu': expected one of"):
         backend.prepare(_model(), runtime="tpu")
     with pytest.raises(geir.GraphError, match="2 inputs given, the model 'add' takes 1 \\(x\\)"):
