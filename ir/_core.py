@@ -78,7 +78,8 @@ class Value:
 class Node:
     """One operator application. Inputs are an immutable tuple (None for absent optional inputs)."""
 
-    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location", "inferred", "graph")
+    __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location", "inferred", "graph",
+                 "version")
 
     def __init__(
         self,
@@ -90,9 +91,13 @@ class Node:
         name: str,
         domain: str = CANN_DOMAIN,
         location: SourceLocation | None = None,
+        version: int | None = None,
     ) -> None:
         self.op_type = op_type
         self.domain = domain
+        self.version = version
+        """A standard node's opset: the version of ONNX's definition it follows (an imported node keeps its
+        model's; None is geir's default opset). Our ops have one version and ignore it."""
         self.name = name
         self.attributes = dict(attributes)
         self.location = location
@@ -141,7 +146,7 @@ class Node:
     @property
     def schema(self) -> Schema:
         """The op's declaration, from the one registry (a standard op's with this node's output count)."""
-        return get_schema(self.op_type, self.domain, self.name, outputs=len(self.outputs))
+        return get_schema(self.op_type, self.domain, self.name, outputs=len(self.outputs), version=self.version)
 
     def __str__(self) -> str:
         outs = ", ".join(v.name if v is not None else "_" for v in self.outputs)

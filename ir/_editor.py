@@ -279,7 +279,8 @@ class GraphEditor:
         else:
             out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
                          for s, t in zip(schema.outputs, out_types)]
-        node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location)
+        node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location,
+                    version=schema.version if schema.domain == "" else None)
         node.inferred = (node.inference_key(types), tuple(out_types))   # the build's InferShapes reuses it
         self._graph.nodes.append(node)                   # still being built: no guarantees to clear
         node.graph = self._graph

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, checker, helper, numpy_helper, shape_inference
+from onnx import (FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, checker, defs, helper,
+                  numpy_helper, shape_inference, version_converter)
 
 from ._onnx_body import OPSET, Body
 from ._registry import get_schema
@@ -32,8 +33,14 @@ IR_VERSION = 9
 
 
 def to_onnx(graph: Graph) -> ModelProto:
-    """The graph as an ONNX ModelProto that passes ``onnx.checker.check_model(full_check=True)``."""
+    """The graph as an ONNX ModelProto that passes ``onnx.checker.check_model(full_check=True)``.
+
+    The model's standard opset is the newest its nodes follow (``Node.version``), at least ``OPSET`` when it holds
+    our ops (their function bodies need it); our bodies are written at that opset too. A standard node of an older
+    opset whose op ONNX has changed since is lifted to the model's opset by ``onnx.version_converter``: the only
+    conversion the export does, and only where one model cannot hold both definitions."""
     register_onnx_schemas()
+    opset = export_opset(graph)
     nodes: list[NodeProto] = []
     specs: dict[str, tuple[LoweringSpec, str]] = {}
     added = _Added(graph, {v.name for v in graph.values()} | set(graph.constants) | {n.name for n in graph.nodes})
@@ -64,6 +71,10 @@ def to_onnx(graph: Graph) -> ModelProto:
         if node.domain != CANN_DOMAIN:   # its subgraphs read the captured values (ir._subgraphs) by their names now
             captured = captured_names(node.attributes)
             rename_in_node(proto, dict(zip(captured, (v.name for v in node.inputs[len(node.inputs) - len(captured):]))))
+            version = OPSET if node.version is None else node.version
+            if _changed_since(proto, version, opset):
+                nodes += _lifted(proto, node, version, opset, added)
+                continue
         nodes.append(proto)
     outputs = {v.name for v in graph.outputs}
     inputs = {v.name for v in graph.inputs}
@@ -80,16 +91,78 @@ def to_onnx(graph: Graph) -> ModelProto:
     onnx_graph = helper.make_graph(nodes, graph.name, [typed(v) for v in graph.inputs],
                                    [typed(v) for v in graph.outputs], initializer=initializers + added.initializers,
                                    value_info=inner + added.value_info)
-    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(CANN_DOMAIN, 1)] if specs else [])
-    functions = [_function(spec) for spec, _ in specs.values()]
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(CANN_DOMAIN, 1)] if specs else [])
+    functions = [_function(spec, opset) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,
                               producer_name="geir")
     try:
         checker.check_model(model, full_check=True)
     except shape_inference.InferenceError as exc:   # e.g. a pool's ceil_mode size, see ir/_standard.py
-        raise GraphError(f"graph '{graph.name}': cannot export at opset {OPSET}: ONNX's shape inference disagrees "
+        raise GraphError(f"graph '{graph.name}': cannot export at opset {opset}: ONNX's shape inference disagrees "
                          f"with the graph's types: {first_line(exc)}") from None
     return model
+
+
+def export_opset(graph: Graph) -> int:
+    """The standard opset ``to_onnx`` writes: the newest any standard node follows, at least ``OPSET`` when the graph
+    holds our ops, ``OPSET`` for a graph without standard nodes."""
+    versions = {OPSET if n.version is None else n.version for n in graph.nodes if n.domain == ""}
+    if not versions or any(n.domain == CANN_DOMAIN for n in graph.nodes):
+        versions.add(OPSET)
+    return max(versions)
+
+
+def _op_types(nodes) -> set[str]:
+    """The standard op types of ``nodes`` and of every node in their subgraphs."""
+    found: set[str] = set()
+    for node in nodes:
+        if node.domain in ("", "ai.onnx"):
+            found.add(node.op_type)
+        for attribute in node.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                found |= _op_types(subgraph.node)
+    return found
+
+
+def _changed_since(proto: NodeProto, version: int, opset: int) -> bool:
+    """Whether ONNX defines any op of ``proto`` (or of its subgraphs) differently at ``opset`` than at ``version``."""
+    if version == opset:
+        return False
+    for op_type in _op_types([proto]):
+        try:
+            if defs.get_schema(op_type, version, "").since_version != defs.get_schema(op_type, opset, "").since_version:
+                return True
+        except defs.SchemaError:
+            return True
+    return False
+
+
+def _lifted(proto: NodeProto, node: Node, version: int, opset: int, added: _Added) -> list[NodeProto]:
+    """``proto`` (a node of standard opset ``version``) as nodes of ``opset``, by ``onnx.version_converter`` on a
+    one-node model; the values the converter adds get names no value of the graph has."""
+    read = {v.name: v for v in node.inputs if v is not None}    # its inputs and what its subgraphs read
+    declared = [value_info(v.name, v.type) for v in read.values()]
+    results = [value_info(v.name, v.type) for v in node.outputs if v is not None]
+    single = helper.make_model(helper.make_graph([proto], node.name, declared, results),
+                               opset_imports=[helper.make_opsetid("", version)])
+    try:
+        lifted: GraphProto = version_converter.convert_version(single, opset).graph
+    except Exception as exc:   # the converter raises several types; all mean the same for the user
+        raise GraphError(f"{node.op_type} '{node.name}': cannot export: the node follows standard opset {version}, the "
+                         f"model is written at opset {opset} (the newest of its nodes, at least {OPSET} with our ops), "
+                         f"and onnx's version converter cannot lift it: {type(exc).__name__}: {first_line(exc)}",
+                         node=node.name, location=node.location) from None
+    boundary = {n for n in proto.input} | {n for n in proto.output}
+    renamed: dict[str, str] = {}
+    for new in lifted.node:
+        for k, name in enumerate(new.output):
+            if name and name not in boundary:
+                renamed[name] = new.output[k] = added.name(f"{node.name}_{name.lstrip('_')}")
+        for k, name in enumerate(new.input):
+            new.input[k] = renamed.get(name, name)
+        if new.name != proto.name:
+            new.name = added.name(new.name or f"{node.name}_{new.op_type}")
+    return list(lifted.node)
 
 
 def save_onnx(graph: Graph, path: str | os.PathLike) -> None:
@@ -199,12 +272,12 @@ def _describe_spec(spec) -> str:
     return "; ".join(parts)
 
 
-def _function(spec) -> FunctionProto:
+def _function(spec, opset: int) -> FunctionProto:
     schema = get_schema(spec.op_type)
     body = Body()
     LOWERINGS[(schema.domain, schema.op_type)][0](body, spec)
     defaults = [attribute_to_onnx(a.name, a.kind.value, a.default) for a in schema.attributes if not a.required]
     required = [a.name for a in schema.attributes if a.required]
     return helper.make_function(CANN_DOMAIN, spec.op_type, list(spec.inputs), list(spec.outputs), body.nodes,
-                                [helper.make_opsetid("", OPSET)], attributes=required, attribute_protos=defaults,
+                                [helper.make_opsetid("", opset)], attributes=required, attribute_protos=defaults,
                                 doc_string=schema.doc)

@@ -113,16 +113,17 @@ def register(schema: OpSchema) -> OpSchema:
     return SCHEMAS.register(schema.domain, schema.op_type, schema)
 
 
-def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None) -> Schema:
+def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None,
+               version: int | None = None) -> Schema:
     """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones.
 
-    Domain "" (or "ai.onnx") gives the standard ONNX op's adapter (with ``outputs`` outputs for an op
-    whose output count varies per node, such as Split).
+    Domain "" (or "ai.onnx") gives the standard ONNX op's adapter as standard opset ``version`` defines it (geir's
+    default opset when None), with ``outputs`` outputs for an op whose output count varies per node (Split).
     """
     if domain in ("", "ai.onnx"):
         from ._standard import standard_schema
 
-        return standard_schema(op_type, outputs)
+        return standard_schema(op_type, outputs) if version is None else standard_schema(op_type, outputs, version)
     try:
         return SCHEMAS[(domain, op_type)]
     except KeyError:

@@ -26,25 +26,31 @@ from ._schema import InferContext, InputSpec, OutputSpec
 __all__ = ["StandardOpSchema", "export_attributes", "standard_schema", "variadic_output_count"]
 
 _ALL = tuple(DType)
-_CACHE: dict[str, StandardOpSchema] = {}
+_CACHE: dict[tuple[str, int | None, int], StandardOpSchema] = {}
 
 
 class StandardOpSchema:
     """An ONNX standard op seen through the OpSchema interface the builder, passes and runtime use."""
 
     domain = ""
-    version = OPSET
     validate = None
     validated_inputs: tuple[str, ...] = ()
     exact_across_runtimes = False   # ONNX Runtime and onnx.reference may round or sum in other orders
     attributes: tuple = ()
 
-    def __init__(self, op_type: str, outputs: int | None = None) -> None:
+    def __init__(self, op_type: str, outputs: int | None = None, opset: int = OPSET) -> None:
+        newest = defs.onnx_opset_version()
+        if not 1 <= opset <= newest:
+            raise GraphError(f"[SCH-1] {op_type}: opset: expected a standard opset onnx {onnx.__version__} knows (1 to "
+                             f"{newest}), got {opset}", rule="SCH-1")
         try:
-            self.onnx = defs.get_schema(op_type, OPSET, "")
+            self.onnx = defs.get_schema(op_type, opset, "")
         except defs.SchemaError:
-            raise GraphError(f"[SCH-1] {op_type}: op type: expected a standard ONNX op of opset {OPSET}, got unknown "
+            raise GraphError(f"[SCH-1] {op_type}: op type: expected a standard ONNX op of opset {opset}, got unknown "
                              f"op '{op_type}'", rule="SCH-1") from None
+        self.version = opset
+        """The standard opset whose definition of the op this adapter follows (ONNX resolves a node's op version
+        from its model's opset import; geir keeps it per node, ``Node.version``)."""
         self.op_type = op_type
         self.doc = self.onnx.doc or ""
         option = defs.OpSchema.FormalParameterOption
@@ -111,7 +117,7 @@ class StandardOpSchema:
                              location=location) from None
         context = checker.C.CheckerContext()
         context.ir_version = onnx.IR_VERSION
-        context.opset_imports = {"": OPSET}
+        context.opset_imports = {"": self.version}
         try:
             captured = captured_names(given)
             if captured:   # a subgraph may read values of the enclosing graph: check the node in a graph declaring them
@@ -155,7 +161,7 @@ class StandardOpSchema:
         self._check_output_count(ctx)
         try:
             inferred = shape_inference.infer_node_outputs(self.onnx, proto, types, input_data=data, opset_imports=[
-                helper.make_opsetid("", OPSET)])
+                helper.make_opsetid("", self.version)])
         except Exception as exc:  # onnx raises several types; all mean the same for the user
             raise GraphError(f"{self.op_type} '{ctx.node}': ONNX shape inference failed: {exc}", node=ctx.node,
                              location=ctx.location) from None
@@ -183,7 +189,7 @@ class StandardOpSchema:
         known = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, ctx.input_values) if v is not None]
         model = helper.make_model(helper.make_graph([proto], "node", declared, [helper.make_value_info(o, onnx.TypeProto())
                                                                                  for o in outputs], initializer=known),
-                                  opset_imports=[helper.make_opsetid("", OPSET)])
+                                  opset_imports=[helper.make_opsetid("", self.version)])
         try:
             model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
         except Exception as exc:  # onnx raises several types; all mean the same for the user
@@ -192,7 +198,7 @@ class StandardOpSchema:
         inferred = {v.name: v.type for v in model.graph.output if v.type.WhichOneof("value") is not None}
         if self.op_type == "Loop":
             _loop_state_shapes(attributes["body"], ctx.inputs[2:formal], declared[-len(captured):] if captured else [],
-                               known, [inferred.get(o) for o in outputs])
+                               known, [inferred.get(o) for o in outputs], self.version)
         return self._output_types(ctx, {f"out{i}": inferred.get(o) for i, o in enumerate(outputs)})
 
     def _output_types(self, ctx: InferContext, inferred: dict) -> tuple[TensorType | None, ...]:
@@ -207,7 +213,8 @@ class StandardOpSchema:
         return _ceil_mode_pool_shapes(self.op_type, ctx, tuple(out))
 
 
-def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, known: list, outputs: list) -> None:
+def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, known: list, outputs: list,
+                       opset: int) -> None:
     """Give a Loop's outputs the shapes ONNX's inference leaves out because a loop-carried value may change shape
     across iterations. The body is inferred with each state of its initial rank and a fresh symbol per dim: a dim
     the body passes through unchanged keeps its initial size in every iteration; a state's dim the body sets to a
@@ -228,7 +235,7 @@ def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, know
     graph.input.extend(captures)
     graph.initializer.extend(t for t in known if t.name in {c.name for c in captures})
     try:
-        model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]),
+        model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]),
                                              strict_mode=True, data_prop=True)
     except Exception:   # the Loop's own inference passed: leave the outputs as ONNX gave them
         return
@@ -260,19 +267,20 @@ def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, know
         out.tensor_type.shape.CopyFrom(helper.make_tensor_type_proto(out.tensor_type.elem_type, dims).tensor_type.shape)
 
 
-def standard_schema(op_type: str, outputs: int | None = None) -> StandardOpSchema:
-    """The adapter of a standard op; for an op with variadic outputs, the one with ``outputs`` outputs; for an op
-    with optional trailing outputs, the one with its first ``outputs`` (all of them when None or out of range)."""
-    generic = _CACHE.get(op_type)
+def standard_schema(op_type: str, outputs: int | None = None, opset: int = OPSET) -> StandardOpSchema:
+    """The adapter of a standard op as standard opset ``opset`` defines it; for an op with variadic outputs, the one
+    with ``outputs`` outputs; for an op with optional trailing outputs, the one with its first ``outputs`` (all of
+    them when None or out of range)."""
+    generic = _CACHE.get((op_type, None, opset))
     if generic is None:
-        generic = _CACHE[op_type] = StandardOpSchema(op_type)
+        generic = _CACHE[(op_type, None, opset)] = StandardOpSchema(op_type, opset=opset)
     if outputs is None or outputs == len(generic.outputs):
         return generic
     if not generic.variadic and outputs not in generic.optional_outputs:
         return generic
-    key = f"{op_type}/{outputs}"
+    key = (op_type, outputs, opset)
     if key not in _CACHE:
-        _CACHE[key] = StandardOpSchema(op_type, outputs)
+        _CACHE[key] = StandardOpSchema(op_type, outputs, opset)
     return _CACHE[key]
 
 

@@ -20,7 +20,7 @@ class FillDefaults(Pass):
     def call(self, graph: Graph) -> PassResult:
         modified = False
         for node in graph.nodes:
-            schema = get_schema(node.op_type, node.domain, node.name, outputs=len(node.outputs))
+            schema = get_schema(node.op_type, node.domain, node.name, outputs=len(node.outputs), version=node.version)
             bound = schema.bind_attributes(node.attributes, node.name, node.location)
             if bound != node.attributes:
                 node.attributes = bound
@@ -69,7 +69,7 @@ class VerifyGraph(Pass):
                 raise GraphError(f"graph '{graph.name}': output '{value.name}' is not produced in the graph")
         graph.topological_order()  # raises on a cycle
         for node in graph.nodes:
-            schema = get_schema(node.op_type, node.domain, node.name, outputs=len(node.outputs))
+            schema = get_schema(node.op_type, node.domain, node.name, outputs=len(node.outputs), version=node.version)
             schema.bind_attributes(node.attributes, node.name, node.location)   # validates; FillDefaults stores
             if len(node.outputs) != len(schema.outputs):
                 raise GraphError(

@@ -4,9 +4,8 @@ functions are inlined. Every node goes through the builder, so a bad file fails 
 graph: a GraphError naming the node.
 
 A file is untrusted input: it is read only if it is a regular file of at most ``MAX_MODEL_BYTES``,
-must pass ``onnx.checker``, may import only opsets onnx knows (a model of another standard opset is
-converted with ``onnx.version_converter`` to the one geir's reference kernels implement), and may
-expand to at most ``MAX_IMPORTED_NODES`` nodes once its functions are inlined. Whatever goes wrong
+must pass ``onnx.checker``, may import only opsets onnx knows (each standard node keeps the model's
+opset: nothing is converted), and may expand to at most ``MAX_IMPORTED_NODES`` nodes once its functions are inlined. Whatever goes wrong
 is a GraphError, with the original exception chained.
 """
 
@@ -18,10 +17,9 @@ import networkx as nx
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import ModelProto, checker, inliner, numpy_helper, version_converter
+from onnx import ModelProto, checker, inliner, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ..ir._onnx_body import OPSET
 from ..ir._registry import all_schemas, get_schema
 from .builder import GraphBuilder
 from ..ir._core import CANN_DOMAIN, Graph, Value
@@ -173,18 +171,12 @@ def _import(model: ModelProto) -> Graph:
     foreign = [(f.domain, f.name) for f in model.functions if (f.domain, f.name) not in ours]
     if foreign:
         model = inliner.inline_selected_functions(model, foreign, exclude=False)
-    standard = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    if standard != OPSET:
-        try:
-            model = version_converter.convert_version(model, OPSET)
-        except Exception as exc:
-            raise GraphError(f"ONNX model '{model.graph.name}' uses standard opset {standard}; converting it to opset "
-                             f"{OPSET}, the one geir runs, failed: {type(exc).__name__}: {first_line(exc)}") from exc
     return _build(model)
 
 
 def _build(model: ModelProto) -> Graph:
     graph = model.graph
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     b = GraphBuilder(graph.name or "imported")
     values: dict[str, Value] = {}
     # IR >= 4: an initializer named like a graph input is that input's default, which a feed overrides
@@ -200,7 +192,7 @@ def _build(model: ModelProto) -> Graph:
             t = tensor_type_from_onnx(vi.type, f"graph input '{vi.name}'")
             values[vi.name] = b.input(vi.name, t.dtype, t.shape, default=defaults.get(vi.name))
     for node in _dependency_order(graph, set(values)):
-        _import_node(b, node, values)
+        _import_node(b, node, values, opset)
     for vi in graph.output:
         if vi.name not in values:
             raise GraphError(f"graph output '{vi.name}' is produced by no node and is no input")
@@ -231,21 +223,22 @@ def _dependency_order(graph, available: set[str]) -> list:
     raise GraphError(f"graph '{graph.name}' has a cycle: {names} -> '{first}'", node=first)
 
 
-def _import_node(b: GraphBuilder, node, values: dict[str, Value]) -> None:
+def _import_node(b: GraphBuilder, node, values: dict[str, Value], opset: int) -> None:
+    """Add one node; a standard node follows the model's standard opset (``Node.version``)."""
     domain = node.domain or ""
     name = node.name or None
     if domain in ("", "ai.onnx") and node.op_type == "Constant":
-        _import_constant(b, node, values)
+        _import_constant(b, node, values, opset)
         return
     if domain == CANN_DOMAIN:
         schema = get_schema(node.op_type, domain, node.name)
         kinds = {a.name: a.kind.value for a in schema.attributes}
         attrs = {a.name: attribute_from_onnx(a, kinds.get(a.name)) for a in node.attribute}
     elif domain in ("", "ai.onnx"):
-        schema = get_schema(node.op_type, "", node.name, outputs=len(node.output))
+        schema = get_schema(node.op_type, "", node.name, outputs=len(node.output), version=opset)
         if not schema.variadic:   # absent ("") trailing optional outputs are left out, as ONNX's inference wants
             schema = get_schema(node.op_type, "", node.name, outputs=max(
-                (i + 1 for i, n in enumerate(node.output) if n), default=0))
+                (i + 1 for i, n in enumerate(node.output) if n), default=0), version=opset)
         attrs = {a.name: attribute_from_onnx(a, None) for a in node.attribute}
     else:
         raise GraphError(f"{node.op_type} '{node.name}': domain '{domain}' is neither ours ({CANN_DOMAIN}) nor "
@@ -263,7 +256,7 @@ MAX_SPARSE_CONSTANT_ELEMENTS = 1 << 26
 """Largest dense size of a ``sparse_value`` Constant (its dims come from the file, its data does not)."""
 
 
-def _import_constant(b: GraphBuilder, node, values: dict[str, Value]) -> None:
+def _import_constant(b: GraphBuilder, node, values: dict[str, Value], opset: int) -> None:
     """A standard ``Constant`` node (any of its value attributes) as a graph constant."""
     what = f"Constant '{node.name or node.output[0]}'"
     if len(node.output) != 1 or not node.output[0] or len(node.input) or len(node.attribute) != 1:
@@ -276,7 +269,7 @@ def _import_constant(b: GraphBuilder, node, values: dict[str, Value]) -> None:
         single = onnx.helper.make_node("Constant", [], ["value"], name=node.name)
         single.attribute.extend(node.attribute)
         graph = onnx.helper.make_graph([single], "constant", [], [onnx.helper.make_value_info("value", onnx.TypeProto())])
-        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
         (array,) = ReferenceEvaluator(probe).run(None, {})
         array = np.asarray(array)
     if array.dtype.kind in "USO":

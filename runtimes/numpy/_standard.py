@@ -3,6 +3,10 @@
 onnx.reference's Slice applies Python's slice rules to the raw starts and ends, which differ from ONNX's
 clamping with negative steps (it selects nothing where ONNX Runtime selects index 0); Slice runs on
 ``schemas.onnx_slice``, the one statement of ONNX's rules that the VJP and the reference use too.
+
+A node runs at its own opset (``Node.version``). onnx.reference implements a few ops only as their newest
+definition, which means something else at older opsets (``REFERENCE_ONLY_SINCE``): such a node is lifted to that
+definition by ``onnx.version_converter`` first, or refused where the converter cannot keep its meaning.
 """
 
 from __future__ import annotations
@@ -10,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from onnx import helper
+from onnx import helper, version_converter
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
 from ...ir._core import Node
-from ...ir._errors import ExecutionError
+from ...ir._errors import ExecutionError, GraphError
 from ...ir._onnx_types import value_info
 from ...ir._subgraphs import captured_names, rename_captures
 from ...schemas import OPSET
@@ -72,6 +76,33 @@ class Loop(_ReferenceLoop):
         return tuple(results)
 
 
+REFERENCE_ONLY_SINCE: dict[str, tuple[int, bool]] = {
+    "Softmax": (13, True), "LogSoftmax": (13, True), "Hardmax": (13, True),   # 13: one axis, no 2-D coercion
+    "Resize": (11, True),      # 11 added the roi input before scales
+    "Upsample": (9, True),     # 9 made scales an input
+    "Scan": (9, False),        # 9 dropped the batch axis; the converter drops it too instead of unrolling it
+}
+"""Ops whose older definitions onnx.reference runs with its newest semantics: (the opset that definition starts at,
+whether ``onnx.version_converter`` lifts an older node to it exactly)."""
+
+
+def _lift(model, node: Node, opset: int):
+    """``model`` (one node of standard opset ``opset``) as onnx.reference can run it exactly."""
+    since, exact = REFERENCE_ONLY_SINCE.get(node.op_type, (0, True))
+    if opset >= since:
+        return model
+    if not exact:
+        raise GraphError(f"{describe(node)}: {node.op_type} of opset {opset} is not run by onnx.reference (it runs "
+                         f"{node.op_type}-{since}'s meaning), and onnx's version converter does not keep its "
+                         f"meaning; run this graph on the onnxruntime runtime", node=node.name)
+    try:
+        return version_converter.convert_version(model, since)
+    except Exception as exc:   # the converter raises several types; all mean the same for the user
+        raise GraphError(f"{describe(node)}: {node.op_type} of opset {opset} is not run by onnx.reference (it runs "
+                         f"{node.op_type}-{since}'s meaning), and onnx's version converter cannot lift it: "
+                         f"{type(exc).__name__}: {exc}", node=node.name) from None
+
+
 def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     """A kernel running one standard node through ``onnx.reference.ReferenceEvaluator`` (Slice: ONNX's rules)."""
     if node.op_type == "Slice" and not node.attributes:   # Slice-1 kept its bounds in attributes
@@ -85,8 +116,9 @@ def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     graph = helper.make_graph([proto], node.name,
                               [value_info(n, v.type) for n, v in zip(inputs, node.inputs) if v is not None],
                               [value_info(n, v.type) for n, v in zip(outputs, node.outputs) if v is not None])
-    evaluator = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]),
-                                   new_ops=[Loop] if node.op_type == "Loop" else None)
+    opset = OPSET if node.version is None else node.version
+    model = _lift(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), node, opset)
+    evaluator = ReferenceEvaluator(model, new_ops=[Loop] if node.op_type == "Loop" else None)
     wanted = [n for n in outputs if n]
 
     def run(*args: np.ndarray | None, **_: object) -> tuple[np.ndarray | None, ...]:
