@@ -272,8 +272,8 @@ def _import_constant(b: GraphBuilder, node, values: dict[str, Value], opset: int
         probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
         (array,) = ReferenceEvaluator(probe).run(None, {})
         array = np.asarray(array)
-    if array.dtype.kind in "USO":
-        raise GraphError(f"{what}: string constants are not supported (geir tensors are numbers)", node=node.name)
+    if array.dtype.kind in "US":    # onnx.reference gives str_ arrays; a string tensor is an object array
+        array = array.astype(object)
     values[node.output[0]] = b.constant(node.output[0], array)
 
 

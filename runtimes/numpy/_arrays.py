@@ -52,7 +52,8 @@ class NumpyBackend:
         return array
 
     def dtype_of(self, array: np.ndarray) -> DType | None:
-        return _DTYPES.get(array.dtype)
+        found = _DTYPES.get(array.dtype)
+        return DType.STRING if found is None and array.dtype.kind in "US" else found   # str_ arrays are strings too
 
     def dtype_name(self, array: np.ndarray) -> str:
         return str(array.dtype)

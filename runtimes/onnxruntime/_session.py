@@ -12,6 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 
 from ...ir._core import Graph, Node, Value
+from ...ir._dtypes import DType
 from ...ir._errors import ExecutionError, GraphError, first_line
 from ...ir._onnx_export import to_onnx
 from ...ir._onnx_types import value_info
@@ -25,6 +26,20 @@ from .._threads import num_threads
 from ._native import native_library
 
 __all__ = ["OnnxRuntimeExecutable", "OnnxRuntimeRuntime"]
+
+_AS_BITS: dict[np.dtype, tuple[int, str]] = {
+    np.dtype(ml_dtypes.bfloat16): (TensorProto.BFLOAT16, "tensor(bfloat16)"),
+    np.dtype(ml_dtypes.float8_e4m3fn): (TensorProto.FLOAT8E4M3FN, "tensor(float8e4m3fn)"),
+    np.dtype(ml_dtypes.float8_e4m3fnuz): (TensorProto.FLOAT8E4M3FNUZ, "tensor(float8e4m3fnuz)"),
+    np.dtype(ml_dtypes.float8_e5m2): (TensorProto.FLOAT8E5M2, "tensor(float8e5m2)"),
+    np.dtype(ml_dtypes.float8_e5m2fnuz): (TensorProto.FLOAT8E5M2FNUZ, "tensor(float8e5m2fnuz)"),
+}
+"""Element types ONNX Runtime's Python binding has no NumPy dtype for but stores as NumPy does (one element per
+whole bytes): exchanged as OrtValues of their bits (ONNX code, ONNX Runtime's type name)."""
+_BY_ORT_NAME = {name: dtype for dtype, (_, name) in _AS_BITS.items()}
+_PACKED = frozenset({DType.INT4, DType.UINT4, DType.INT2, DType.UINT2, DType.FLOAT4E2M1, DType.FLOAT6E2M3,
+                     DType.FLOAT6E3M2})
+"""Sub-byte types: ONNX Runtime packs several per byte, NumPy (ml_dtypes) one per byte."""
 
 class OnnxRuntimeRuntime:
     """Runs graphs through ``geir.to_onnx`` in ONNX Runtime's CPU provider (our ops as function bodies)."""
@@ -76,11 +91,19 @@ class OnnxRuntimeExecutable:
         """Every value's type when none holds a symbol: then the fed shapes change nothing to re-derive."""
         if all(v.type.is_static for v in graph.values()):
             self.static_types = {v.name: v.type for v in graph.values()}
-        self.plain_run = self.static_types is not None and all(
-            v.producer is not None and v.type.dtype.numpy != ml_dtypes.bfloat16 for v in graph.outputs) and all(
-            v.type.dtype.numpy != ml_dtypes.bfloat16 for v in graph.inputs)
-        """Static shapes, no bfloat16 and no pass-through output: without caller buffers ``session.run`` does it all
-        (IOBinding costs tens of microseconds in Python per call, more than a small run itself)."""
+        exchanged = [v.type.dtype for v in list(graph.inputs) + list(graph.outputs)]
+        packed = sorted({d.value for d in exchanged if d in _PACKED})
+        if packed:
+            raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': its inputs or outputs are "
+                             f"{', '.join(packed)}, which ONNX Runtime packs several to a byte and its Python binding "
+                             f"cannot exchange; run it on the numpy runtime")
+        self.strings = DType.STRING in exchanged
+        """String tensors have no address to bind: such a graph always runs through ``session.run``."""
+        self.plain_run = self.strings or self.static_types is not None and all(
+            v.producer is not None and v.type.dtype.numpy not in _AS_BITS for v in graph.outputs) and all(
+            v.type.dtype.numpy not in _AS_BITS for v in graph.inputs)
+        """Static shapes, no bfloat16 or float8 and no pass-through output: without caller buffers ``session.run``
+        does it all (IOBinding costs tens of microseconds in Python per call, more than a small run itself)."""
         self.output_names = [v.name for v in graph.outputs]
 
     def run(self, feeds: Mapping[str, np.ndarray],
@@ -96,9 +119,12 @@ class OnnxRuntimeExecutable:
             known |= self._probe(arrays)
             for node in pending:
                 _validate_node(node, known, types, final=True)
+        if self.strings and buffers:
+            raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: output buffers cannot be given for a graph "
+                                 f"that exchanges string tensors (ONNX Runtime returns new ones)")
         if self.plain_run and not buffers:
             try:
-                plain = dict(zip(self.output_names, self.session.run(self.output_names, arrays)))
+                plain = dict(zip(self.output_names, self.session.run(self.output_names, _plain_feeds(arrays))))
             except Exception as exc:
                 raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: {exc}") from exc
             _check_outputs(self.graph, plain, types)
@@ -165,10 +191,15 @@ def _bind_inputs(binding: ort.IOBinding, arrays: Mapping[str, np.ndarray]) -> li
     return alive
 
 
+def _plain_feeds(arrays: Mapping[str, np.ndarray]) -> dict[str, object]:
+    """Feeds for ``session.run``: arrays, and OrtValues of the types ``_AS_BITS`` names."""
+    return {name: _ort_value(a) if a.dtype in _AS_BITS else a for name, a in arrays.items()}
+
+
 def _bind_array(binding: ort.IOBinding, name: str, array: np.ndarray, output: bool) -> list[object]:
-    """Bind a C-contiguous array by its address (no OrtValue to build: the cheap path for small runs); bfloat16,
-    which ONNX Runtime's Python binding cannot name by a NumPy dtype, through an OrtValue."""
-    if array.dtype == ml_dtypes.bfloat16:
+    """Bind a C-contiguous array by its address (no OrtValue to build: the cheap path for small runs); bfloat16 and
+    float8, which ONNX Runtime's Python binding cannot name by a NumPy dtype, through an OrtValue."""
+    if array.dtype in _AS_BITS:
         value = _ort_value(array)
         (binding.bind_ortvalue_output if output else binding.bind_ortvalue_input)(name, value)
         return [value, array]
@@ -178,24 +209,26 @@ def _bind_array(binding: ort.IOBinding, name: str, array: np.ndarray, output: bo
 
 
 class _OrtMemory:
-    """An OrtValue's memory as NumPy sees it, for bfloat16 (which ONNX Runtime's binding has no NumPy type for):
-    the array made from it keeps this object, and so the OrtValue and its memory, alive."""
+    """An OrtValue's memory as NumPy sees it, for the types ``_AS_BITS`` names (which ONNX Runtime's binding has no
+    NumPy type for): the array made from it keeps this object, and so the OrtValue and its memory, alive."""
 
     __slots__ = ("value", "__array_interface__")
 
-    def __init__(self, value: ort.OrtValue, shape: tuple[int, ...]) -> None:
+    def __init__(self, value: ort.OrtValue, shape: tuple[int, ...], itemsize: int) -> None:
         self.value = value
-        self.__array_interface__ = {"version": 3, "shape": shape, "typestr": "<u2", "data": (value.data_ptr(), False)}
+        self.__array_interface__ = {"version": 3, "shape": shape, "typestr": f"<u{itemsize}",
+                                    "data": (value.data_ptr(), False)}
 
 
 def _as_array(value: ort.OrtValue) -> np.ndarray:
     """An output ONNX Runtime allocated, as a NumPy array over its memory (no copy, as ``OrtValue.numpy``)."""
-    if value.data_type() != "tensor(bfloat16)":
+    dtype = _BY_ORT_NAME.get(value.data_type())
+    if dtype is None:
         return value.numpy()
     shape = tuple(value.shape())
     if math.prod(shape) == 0:
-        return np.empty(shape, ml_dtypes.bfloat16)
-    return np.asarray(_OrtMemory(value, shape)).view(ml_dtypes.bfloat16)
+        return np.empty(shape, dtype)
+    return np.asarray(_OrtMemory(value, shape, dtype.itemsize)).view(dtype)
 
 
 def _check_outputs(graph: Graph, results: Mapping[str, np.ndarray], types: Mapping[str, TensorType]) -> None:
@@ -248,12 +281,13 @@ def _probe_model(model: onnx.ModelProto, values: list[Value]) -> onnx.ModelProto
 
 
 def _ort_value(array: np.ndarray) -> ort.OrtValue:
-    if array.dtype == ml_dtypes.bfloat16:
+    if array.dtype in _AS_BITS:
         if not hasattr(ort.OrtValue, "ortvalue_from_numpy_with_onnx_type"):
-            raise ExecutionError(f"ONNX Runtime {ort.__version__} cannot exchange bfloat16 arrays with Python (it has no "
-                                 f"OrtValue.ortvalue_from_numpy_with_onnx_type); use a newer ONNX Runtime or the numpy "
-                                 f"runtime for bfloat16 graphs")
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), TensorProto.BFLOAT16)
+            raise ExecutionError(f"ONNX Runtime {ort.__version__} cannot exchange {array.dtype} arrays with Python (it "
+                                 f"has no OrtValue.ortvalue_from_numpy_with_onnx_type); use a newer ONNX Runtime or the "
+                                 f"numpy runtime for {array.dtype} graphs")
+        bits = array.view(np.uint16 if array.dtype.itemsize == 2 else np.uint8)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _AS_BITS[array.dtype][0])
     return ort.OrtValue.ortvalue_from_numpy(array)
 
 

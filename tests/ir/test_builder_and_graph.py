@@ -129,8 +129,8 @@ def test_builder_misuse_is_reported():
     dy, cos, sin = _inputs(b)
     with pytest.raises(GraphError, match="input name 'dy' is already used"):
         b.input("dy", "float16", (1,))
-    with pytest.raises(GraphError, match="input 'bad'.*unsupported dtype 'float64'"):
-        b.input("bad", "float64", (1,))
+    with pytest.raises(GraphError, match="input 'bad'.*unsupported dtype 'float128'"):
+        b.input("bad", "float128", (1,))
     with pytest.raises(GraphError, match="input 0 'dy': expected a geir Value of graph 'g', got ndarray"):
         b.InplacePartialRotaryMulGrad(np.zeros((2, 4, 8, 64)), cos, sin)
     other = geir.GraphBuilder("other").input("dy", "float16", (2, 4, 8, 64))

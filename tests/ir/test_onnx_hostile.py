@@ -155,11 +155,13 @@ def test_torchscript_style_constant_nodes_import_as_constants(attribute, want):
         np.testing.assert_array_equal(geir.run(g, {"x": x}, runtime=runtime)["y"], np.broadcast_to(want + 1, x_shape))
 
 
-def test_string_constants_are_refused():
+def test_string_constants_import_and_run():
     nodes = [_constant_node("c", value_string="hello"), helper.make_node("Identity", ["c"], ["y"])]
     model = _model(nodes, [], [helper.make_tensor_value_info("y", TensorProto.STRING, [])])
-    with pytest.raises(GraphError, match="string"):
-        geir.from_onnx(model)
+    graph = geir.from_onnx(model)
+    assert graph.constants["c"].dtype == object and graph.outputs[0].dtype is geir.DType.STRING
+    for runtime in ("numpy", "onnxruntime"):
+        assert geir.run(graph, {}, runtime=runtime)["y"] == "hello"
 
 
 def test_models_from_both_torch_exporters_import(tmp_path):

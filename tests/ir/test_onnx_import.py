@@ -154,8 +154,8 @@ def test_bad_files_give_graph_errors():
     unknown_dim = helper.make_tensor_value_info("x", F16, [1, None])
     with pytest.raises(GraphError, match=r"graph input 'x' dim 1: expected a size or a symbol name"):
         geir.from_onnx(_model_with(helper.make_node("Relu", ["x"], ["y"]), [unknown_dim], [_vi("y")]))
-    with pytest.raises(GraphError, match=r"graph input 'x': element type .*float64.* is not one of geir's dtypes"):
-        geir.from_onnx(_model_with(helper.make_node("Relu", ["x"], ["y"]), [_vi("x", TensorProto.DOUBLE)], [_vi("y")]))
+    with pytest.raises(GraphError, match=r"graph input 'x': element type 99 \(unknown to onnx\) is not one of geir's"):
+        geir.from_onnx(_model_with(helper.make_node("Relu", ["x"], ["y"]), [_vi("x", 99)], [_vi("y")]))
 
 
 def test_user_local_functions_are_inlined_and_ours_dropped():
