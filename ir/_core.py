@@ -79,7 +79,7 @@ class Node:
     """One operator application. Inputs are an immutable tuple (None for absent optional inputs)."""
 
     __slots__ = ("op_type", "domain", "name", "_inputs", "attributes", "outputs", "location", "inferred", "graph",
-                 "version")
+                 "version", "declared")
 
     def __init__(
         self,
@@ -96,6 +96,9 @@ class Node:
         self.op_type = op_type
         self.domain = domain
         self.version = version
+        self.declared: tuple[TensorType | None, ...] | None = None
+        """Output types an imported file declares (its value_info and ONNX's shape inference of the whole file):
+        inference fills its gaps from them (``ir._types.refine``)."""
         """A standard node's opset: the version of ONNX's definition it follows (an imported node keeps its
         model's; None is geir's default opset). Our ops have one version and ignore it."""
         self.name = name

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -23,7 +23,7 @@ from ._standard import variadic_output_count
 from ._core import CANN_DOMAIN, Graph, Node, Value, unused_name
 from ._dtypes import DTypeLike
 from ._errors import GeirWarning, GraphError, SourceLocation, user_location
-from ._types import TensorType
+from ._types import TensorType, refine_all
 
 __all__ = ["GraphEditor", "OpResult"]
 
@@ -85,7 +85,7 @@ class GraphEditor:
             return fresh
         mapping: dict[int, Value | None] = {}
         for v in graph.inputs:
-            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.shape, default=graph.defaults.get(v.name))
+            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.dims, default=graph.defaults.get(v.name))
         for v in graph.constant_values:
             mapping[id(v)] = self.constant(named(v.name), graph.constants[v.name])
         for node in graph.topological_order():
@@ -94,7 +94,7 @@ class GraphEditor:
             if made is None:
                 made = self.add_node(node.schema, inputs, node.attributes, name=node.name,
                                      output_names=[named(v.name) if v is not None else "" for v in node.outputs],
-                                     location=node.location)
+                                     location=node.location, declared=node.declared)
             for old, new in zip(node.outputs, made if isinstance(made, tuple) else (made,)):
                 if old is not None:
                     mapping[id(old)] = new
@@ -104,10 +104,11 @@ class GraphEditor:
         return mapping
 
     # -- graph interface -----------------------------------------------------------------
-    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str], default: np.ndarray | None = None
-              ) -> Value:
-        """Declare a graph input; dims are ints or symbol names bound when the graph runs. ``default``: the array
-        a run uses when the input is not fed (ONNX: an input with a same-name initializer)."""
+    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str] | None,
+              default: np.ndarray | None = None) -> Value:
+        """Declare a graph input; dims are ints or symbol names bound when the graph runs (None: any rank, for
+        standard ops only). ``default``: the array a run uses when the input is not fed (ONNX: an input with a
+        same-name initializer)."""
         self._check_open()
         try:
             value = Value(name, TensorType(dtype, shape))
@@ -224,18 +225,21 @@ class GraphEditor:
 
     def add_node(self, schema: OpSchema, inputs: list[Value | None], attributes: dict[str, Any] | None = None,
                  name: str | None = None, output_names: list[str] | None = None,
-                 location: SourceLocation | None = None) -> OpResult:
+                 location: SourceLocation | None = None,
+                 declared: Sequence[TensorType | None] | None = None) -> OpResult:
         """Add a node of ``schema`` (from ``geir.schemas.get_schema``): the call every frontend uses.
 
         ``inputs`` are positional (None for an absent optional input); ``output_names`` keeps given
         value names (an importer's), "" marking an absent optional output; ``location`` is where the
-        user created the node (default: the calling line outside geir).
+        user created the node (default: the calling line outside geir); ``declared``: output types a file
+        claims, which fill the gaps of inference (``Node.declared``).
         """
-        return self._add(schema, list(inputs), {}, dict(attributes or {}), name, output_names, location)
+        return self._add(schema, list(inputs), {}, dict(attributes or {}), name, output_names, location, declared)
 
     def _add(self, schema: OpSchema, positional: list[Any], named_inputs: dict[str, Any],
              attributes: dict[str, Any], name: str | None, output_names: list[str] | None = None,
-             location: SourceLocation | None = None) -> OpResult:
+             location: SourceLocation | None = None,
+             declared: Sequence[TensorType | None] | None = None) -> OpResult:
         self._check_open()
         location = location or user_location()
         if name is None:
@@ -263,7 +267,7 @@ class GraphEditor:
         values = [self._graph.constants.get(v.name) if v is not None and v.producer is None else None for v in inputs]
         ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location,
                            input_values=values)
-        out_types = schema.infer_types(ctx)
+        out_types = refine_all(schema.infer_types(ctx), declared)
         for message in ctx.warnings:
             if location is None:
                 warnings.warn(message, GeirWarning, stacklevel=3)
@@ -281,6 +285,7 @@ class GraphEditor:
                          for s, t in zip(schema.outputs, out_types)]
         node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location,
                     version=schema.version if schema.domain == "" else None)
+        node.declared = None if declared is None else tuple(declared)
         node.inferred = (node.inference_key(types), tuple(out_types))   # the build's InferShapes reuses it
         self._graph.nodes.append(node)                   # still being built: no guarantees to clear
         node.graph = self._graph

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Self, overload
 
 import numpy as np
@@ -11,6 +11,7 @@ from ._schema import OpSchema
 from ._core import Graph, Value
 from ._dtypes import DTypeLike
 from ._errors import SourceLocation
+from ._types import TensorType
 
 
 __all__ = ['GraphEditor', 'OpResult']
@@ -61,7 +62,7 @@ class GraphEditor:
     """Accumulates inputs, nodes and outputs of one graph; ``finish()`` hands the unverified graph over."""
 
     def __init__(self, name: str) -> None: ...
-    def add_node(self, schema: OpSchema, inputs: list[Value | None], attributes: dict[str, Any] | None = None, name: str | None = None, output_names: list[str] | None = None, location: SourceLocation | None = None) -> OpResult: ...
+    def add_node(self, schema: OpSchema, inputs: list[Value | None], attributes: dict[str, Any] | None = None, name: str | None = None, output_names: list[str] | None = None, location: SourceLocation | None = None, declared: Sequence[TensorType | None] | None = None) -> OpResult: ...
     def constant(self, name: str, array: np.ndarray) -> Value: ...
     @classmethod
     def copy(cls, graph: Graph, name: str | None = None) -> Self: ...
@@ -70,7 +71,7 @@ class GraphEditor:
     @classmethod
     def extend(cls, graph: Graph) -> Self: ...
     def finish(self) -> Graph: ...
-    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str], default: np.ndarray | None = None) -> Value: ...
+    def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str] | None, default: np.ndarray | None = None) -> Value: ...
     @overload
     def op(self, op_type: _OneOutput, *inputs: Value | None, domain: str | None = None, name: str | None = None, outputs: None = None, **attributes: Any) -> Value: ...
     @overload

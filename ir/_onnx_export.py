@@ -26,7 +26,7 @@ from ._onnx_types import attribute_to_onnx, value_info
 from ._subgraphs import captured_names, rename_in_node
 from ._types import TensorType
 
-__all__ = ["IR_VERSION", "save_onnx", "to_onnx"]
+__all__ = ["IR_VERSION", "runtime_model", "save_onnx", "to_onnx"]
 
 IR_VERSION = 9
 """ONNX IR version of exported models (function attribute defaults need 9)."""
@@ -38,7 +38,21 @@ def to_onnx(graph: Graph) -> ModelProto:
     The model's standard opset is the newest its nodes follow (``Node.version``), at least ``OPSET`` when it holds
     our ops (their function bodies need it); our bodies are written at that opset too. A standard node of an older
     opset whose op ONNX has changed since is lifted to the model's opset by ``onnx.version_converter``: the only
-    conversion the export does, and only where one model cannot hold both definitions."""
+    conversion the export does, and only where one model cannot hold both definitions.
+
+    ONNX files give every graph input and output a shape: a graph with one of unknown rank is a GraphError naming
+    it (the ONNX Runtime runtime still runs it, ``runtime_model``)."""
+    unranked = [f"{kind} '{v.name}'" for kind, values in (("input", graph.inputs), ("output", graph.outputs))
+                for v in values if not v.type.has_rank]
+    if unranked:
+        raise GraphError(f"graph '{graph.name}': cannot export: ONNX files give every graph input and output a "
+                         f"shape, and {', '.join(unranked)} {'has' if len(unranked) == 1 else 'have'} an unknown rank")
+    return runtime_model(graph)
+
+
+def runtime_model(graph: Graph) -> ModelProto:
+    """``to_onnx(graph)`` as an engine takes it: graph inputs and outputs of unknown rank are written without a shape
+    (ONNX Runtime runs that; onnx's checker, which wants their shapes, is then left out)."""
     register_onnx_schemas()
     opset = export_opset(graph)
     nodes: list[NodeProto] = []
@@ -80,8 +94,7 @@ def to_onnx(graph: Graph) -> ModelProto:
     inputs = {v.name for v in graph.inputs}
 
     def typed(v: Value) -> ValueInfoProto:   # one dim_param per class of symbols declared equal
-        dims = [graph.symbols.canonical(d) if isinstance(d, str) else d for d in v.type.shape]
-        return value_info(v.name, TensorType(v.type.dtype, dims))
+        return value_info(v.name, _canonical(graph, v.type))
 
     inner = [typed(v) for v in graph.values()
              if v.name not in outputs and v.name not in inputs and v.name not in graph.constants]
@@ -95,12 +108,21 @@ def to_onnx(graph: Graph) -> ModelProto:
     functions = [_function(spec, opset) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,
                               producer_name="geir")
+    if not all(v.type.has_rank for v in list(graph.inputs) + list(graph.outputs)):
+        return model
     try:
         checker.check_model(model, full_check=True)
     except shape_inference.InferenceError as exc:   # e.g. a pool's ceil_mode size, see ir/_standard.py
         raise GraphError(f"graph '{graph.name}': cannot export at opset {opset}: ONNX's shape inference disagrees "
                          f"with the graph's types: {first_line(exc)}") from None
     return model
+
+
+def _canonical(graph: Graph, t: TensorType) -> TensorType:
+    """``t`` with each symbol replaced by its class's canonical one (one dim_param per class declared equal)."""
+    if t.dims is None:
+        return t
+    return t.with_shape(graph.symbols.canonical(d) if isinstance(d, str) else d for d in t.dims)
 
 
 def export_opset(graph: Graph) -> int:
@@ -207,8 +229,7 @@ class _Added:
         """One standard node with one output of ``like``'s shape and element type ``dtype``."""
         out = self.name(stem)
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=out))
-        dims = [self.graph.symbols.canonical(d) if isinstance(d, str) else d for d in like.type.shape]
-        self.value_info.append(helper.make_tensor_value_info(out, dtype, dims))
+        self.value_info.append(value_info(out, _canonical(self.graph, like.type.with_dtype(dtype))))
         return out
 
     def take_nodes(self) -> list[NodeProto]:

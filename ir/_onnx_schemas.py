@@ -74,4 +74,4 @@ def _inference_for(schema):
 
 
 def _type_proto(t) -> TypeProto:
-    return helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape))
+    return helper.make_tensor_type_proto(t.dtype.onnx, None if t.dims is None else list(t.dims))

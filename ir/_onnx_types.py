@@ -10,22 +10,28 @@ from ._dtypes import as_dtype
 from ._errors import GraphError
 from ._types import TensorType
 
-__all__ = ["attribute_from_onnx", "attribute_to_onnx", "tensor_type_from_onnx", "value_info"]
+__all__ = ["attribute_from_onnx", "attribute_to_onnx", "tensor_type_from_onnx", "type_proto", "value_info"]
 
 _KIND_TO_ONNX = {"Int": AttributeProto.INT, "Float": AttributeProto.FLOAT, "Bool": AttributeProto.INT,
                  "String": AttributeProto.STRING, "ListInt": AttributeProto.INTS}
 
 
 def value_info(name: str, t: TensorType) -> ValueInfoProto:
-    """A ValueInfoProto with full shape; symbols become ``dim_param``."""
-    return helper.make_tensor_value_info(name, t.dtype.onnx, list(t.shape))
+    """A ValueInfoProto with full shape (none for an unknown rank); symbols become ``dim_param``."""
+    return helper.make_tensor_value_info(name, t.dtype.onnx, None if t.dims is None else list(t.dims))
+
+
+def type_proto(t: TensorType) -> TypeProto:
+    """The tensor TypeProto of ``t`` (no shape for an unknown rank)."""
+    return helper.make_tensor_type_proto(t.dtype.onnx, None if t.dims is None else list(t.dims))
 
 
 def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = None) -> TensorType:
     """A geir TensorType from an ONNX tensor TypeProto.
 
     An unnamed unknown dim becomes the symbol ``f"{unknown_dim}_{k}"`` when ``unknown_dim`` is
-    given (an inferred output), and is an error otherwise (a declared input).
+    given, and is an error otherwise; with ``unknown_dim``, a type without a shape is of unknown rank (an error
+    otherwise).
     """
     if not tp.HasField("tensor_type"):
         raise GraphError(f"{what}: expected a tensor type, got {tp.WhichOneof('value')}")
@@ -37,7 +43,9 @@ def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = No
         raise GraphError(f"{what}: element type {names.get(tt.elem_type, tt.elem_type)} ({_numpy_name(tt.elem_type)}) "
                          f"is not one of geir's dtypes") from None
     if not tt.HasField("shape"):
-        raise GraphError(f"{what}: expected a shape (geir needs every rank), got none")
+        if unknown_dim is not None:
+            return TensorType(dtype, None)
+        raise GraphError(f"{what}: expected a shape, got none")
     dims: list[int | str] = []
     for k, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):

@@ -386,7 +386,14 @@ class OpSchema:
 
     # -- inference -----------------------------------------------------------------------
     def infer_types(self, ctx: InferContext) -> tuple[TensorType | None, ...]:
-        """Run the semantic rules, then inference; return one type per output (None if absent)."""
+        """Run the semantic rules, then inference; return one type per output (None if absent). Our ops need every
+        input's rank: an input of unknown rank (a standard op's data-dependent output) is a GraphError."""
+        for spec, t in zip(self.inputs, ctx.inputs):
+            if t is not None and not t.has_rank:
+                raise GraphError(f"{self.op_type} '{ctx.node}': input '{spec.name}': expected a known rank (geir's "
+                                 f"ops need every rank), got {t}, whose rank ONNX infers only from data; give the "
+                                 f"value a shape (a constant Reshape target or constant axes)", node=ctx.node,
+                                 location=ctx.location)
         self.check(ctx)
         self.infer(ctx)
         for i, (spec, t) in enumerate(zip(self.outputs, ctx.outputs)):

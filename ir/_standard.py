@@ -16,7 +16,7 @@ from onnx import checker, defs, helper, numpy_helper, shape_inference
 
 from ._dtypes import DType
 from ._errors import GraphError, SourceLocation, first_line, format_rule_message
-from ._onnx_types import tensor_type_from_onnx
+from ._onnx_types import tensor_type_from_onnx, type_proto
 from ._subgraphs import captured_names, rename_captures
 from ._types import TensorType
 
@@ -155,8 +155,7 @@ class StandardOpSchema:
             return self._infer_with_subgraphs(ctx)
         names = [f"in{i}" if t is not None else "" for i, t in enumerate(ctx.inputs)]
         proto = helper.make_node(self.op_type, names, [f"out{i}" for i in range(len(self.outputs))], **ctx.attributes)
-        types = {n: helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape)) for n, t in zip(names, ctx.inputs)
-                 if t is not None}
+        types = {n: type_proto(t) for n, t in zip(names, ctx.inputs) if t is not None}
         data = {n: numpy_helper.from_array(v) for n, v in zip(names, ctx.input_values) if v is not None}
         self._check_output_count(ctx)
         try:
@@ -184,8 +183,7 @@ class StandardOpSchema:
         attributes = rename_captures(ctx.attributes, dict(zip(captured, names[formal:])))
         outputs = [f"geir_out{i}" for i in range(len(self.outputs))]
         proto = helper.make_node(self.op_type, names[:formal], outputs, **attributes)
-        declared = [helper.make_value_info(n, helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape)))
-                    for n, t in zip(names, ctx.inputs) if t is not None]
+        declared = [helper.make_value_info(n, type_proto(t)) for n, t in zip(names, ctx.inputs) if t is not None]
         known = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, ctx.input_values) if v is not None]
         model = helper.make_model(helper.make_graph([proto], "node", declared, [helper.make_value_info(o, onnx.TypeProto())
                                                                                  for o in outputs], initializer=known),
@@ -220,7 +218,8 @@ def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, know
     the body passes through unchanged keeps its initial size in every iteration; a state's dim the body sets to a
     size equal to the initial one is that size too; every other dim is unknown. Scan outputs get the iterations as
     their first dim. Nothing is given when a state changes rank. ``outputs`` (TypeProtos) are completed in place."""
-    if any(t is None for t in states) or len(body.input) != 2 + len(states) or len(body.output) < 1 + len(states):
+    if any(t is None or not t.has_rank for t in states) or len(body.input) != 2 + len(states) or \
+            len(body.output) < 1 + len(states):
         return
     graph = onnx.GraphProto()
     graph.CopyFrom(body)
@@ -297,7 +296,7 @@ def _ceil_mode_pool_shapes(op_type: str, ctx: InferContext, out: tuple) -> tuple
     kernel, stride 3 and pads 1 is ``[.., 1, 1]``, not ``[.., 2, 2]``. Applied to explicit pads (auto_pad NOTSET)
     on static spatial sizes; other cases are left as ONNX infers them.
     """
-    if not out or out[0] is None or not ctx.inputs or ctx.inputs[0] is None:
+    if not out or out[0] is None or not ctx.inputs or ctx.inputs[0] is None or not ctx.inputs[0].has_rank:
         return out
     shape = tuple(ctx.inputs[0].shape)
     windows = _ceil_mode_windows(op_type, ctx.attributes, shape)
@@ -306,7 +305,7 @@ def _ceil_mode_pool_shapes(op_type: str, ctx: InferContext, out: tuple) -> tuple
     sizes = [size for _, size, _ in windows]
     fixed = []
     for t in out:
-        if t is None or len(t.shape) != len(shape) or tuple(t.shape[2:]) == tuple(sizes):
+        if t is None or t.dims is None or len(t.dims) != len(shape) or tuple(t.dims[2:]) == tuple(sizes):
             fixed.append(t)
         else:
             fixed.append(TensorType(t.dtype, tuple(t.shape[:2]) + tuple(sizes)))
@@ -346,7 +345,8 @@ def export_attributes(op_type: str, attributes: dict, input_type: TensorType | N
     end pad its true windows reach: the same windows, values and size (no window reaches past that pad, so the
     count of padded elements AveragePool may divide by is the same), which ONNX's opset-18 inference then gets
     right (it would refuse the true size in the model's checker otherwise)."""
-    windows = None if input_type is None else _ceil_mode_windows(op_type, attributes, tuple(input_type.shape))
+    windows = None if input_type is None or input_type.dims is None else _ceil_mode_windows(op_type, attributes,
+                                                                                            input_type.dims)
     if windows is None or all(naive == size for naive, size, _ in windows):
         return attributes
     rank = len(windows)

@@ -6,8 +6,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ._dtypes import DType, DTypeLike, as_dtype
+from ._errors import GraphError
 
-__all__ = ["BroadcastError", "Dim", "SymbolTable", "TensorType", "as_shape"]
+__all__ = ["BroadcastError", "Dim", "SymbolTable", "TensorType", "UnknownRankError", "as_shape", "refine",
+           "refine_all"]
 
 INT64_MAX = 2**63 - 1
 
@@ -36,16 +38,37 @@ def as_shape(shape: Iterable[object]) -> tuple[Dim, ...]:
     return tuple(dims)
 
 
+class UnknownRankError(GraphError):
+    """A shape was asked of a type whose rank is unknown (``TensorType.has_rank`` is False): the graph asks
+    something of a value that only its data can answer."""
+
+
 @dataclass(frozen=True, slots=True)
 class TensorType:
-    """The static type of a value: element dtype and shape (ints and symbols)."""
+    """The static type of a value: element dtype and shape (ints and symbols).
+
+    The shape may be unknown altogether (``shape=None``): a standard ONNX op whose output rank depends on data
+    (Unsqueeze or Reshape of fed values, say) has one until it runs. Such a type answers ``has_rank`` False, and
+    asking for its ``shape`` or ``rank`` raises UnknownRankError, so code that needs a shape never reads a wrong
+    one; ``dims`` is the shape or None."""
 
     dtype: DType
-    shape: tuple[Dim, ...]
+    dims: tuple[Dim, ...] | None
 
-    def __init__(self, dtype: DTypeLike, shape: Iterable[object]) -> None:
+    def __init__(self, dtype: DTypeLike, shape: Iterable[object] | None) -> None:
         object.__setattr__(self, "dtype", as_dtype(dtype))
-        object.__setattr__(self, "shape", as_shape(shape))
+        object.__setattr__(self, "dims", None if shape is None else as_shape(shape))
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        if self.dims is None:
+            raise UnknownRankError(f"a {self.dtype} value of unknown rank has no shape until it runs (ONNX infers "
+                                   f"its rank from data); geir's ops and passes need it")
+        return self.dims
+
+    @property
+    def has_rank(self) -> bool:
+        return self.dims is not None
 
     @property
     def rank(self) -> int:
@@ -53,14 +76,42 @@ class TensorType:
 
     @property
     def is_static(self) -> bool:
-        """True when every dimension is a concrete int."""
-        return all(isinstance(d, int) for d in self.shape)
+        """True when every dimension is a concrete int (never for an unknown rank)."""
+        return self.dims is not None and all(isinstance(d, int) for d in self.dims)
 
-    def with_shape(self, shape: Iterable[object]) -> TensorType:
+    def with_shape(self, shape: Iterable[object] | None) -> TensorType:
         return TensorType(self.dtype, shape)
 
+    def with_dtype(self, dtype: DTypeLike) -> TensorType:
+        return TensorType(dtype, self.dims)
+
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+        if self.dims is None:
+            return f"{self.dtype}[?]"
+        return f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
+
+
+def refine(inferred: TensorType, declared: TensorType | None) -> TensorType:
+    """``inferred`` with the gaps a file's declared type fills: an unknown rank becomes the declared shape, a symbolic
+    dim the declared size or symbol. Where the two disagree (dtype, rank or a known size), the inferred type stands:
+    it follows from the op's definition, while a file's value_info is only its writer's claim. What a declared size
+    claims is checked on the fed shapes when the graph runs (the rules run again on them)."""
+    if declared is None or declared.dims is None or declared.dtype is not inferred.dtype:
+        return inferred
+    if inferred.dims is None:
+        return declared
+    if len(inferred.dims) != len(declared.dims):
+        return inferred
+    dims = tuple(d if isinstance(d, int) else claimed for d, claimed in zip(inferred.dims, declared.dims))
+    return inferred if dims == inferred.dims else TensorType(inferred.dtype, dims)
+
+
+def refine_all(inferred: Sequence[TensorType | None], declared: Sequence[TensorType | None] | None
+               ) -> tuple[TensorType | None, ...]:
+    """``refine`` per output (an absent output stays absent)."""
+    if declared is None:
+        return tuple(inferred)
+    return tuple(t if t is None or k >= len(declared) else refine(t, declared[k]) for k, t in enumerate(inferred))
 
 
 class BroadcastError(ValueError):

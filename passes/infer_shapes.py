@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..ir._core import Graph, Node
 from ..ir._errors import GraphError
-from ..ir._types import SymbolTable, TensorType
+from ..ir._types import SymbolTable, TensorType, refine_all
 from ..schemas import InferContext
 
 from ._infra import Pass, PassResult
@@ -19,7 +19,7 @@ def infer_node(node: Node, symbols: SymbolTable, input_types=None,
     ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=symbols, location=node.location,
                        input_values=[constants.get(v.name) if v is not None and v.producer is None else None
                                      for v in node.inputs] if constants else None)
-    return ctx, node.schema.infer_types(ctx)
+    return ctx, refine_all(node.schema.infer_types(ctx), node.declared)
 
 
 class InferShapes(Pass):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..ir._core import Graph, Node
+from ..ir._core import Graph, Node, Value
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._types import TensorType
 from ..passes import infer_node
@@ -53,6 +53,9 @@ def output_types_on(graph: Graph, node: Node, shapes: Sequence[tuple[int, ...] |
     except GraphError as exc:
         raise ExecutionError(f"{exc.message} (on the fed shapes; {describe(node)})", node=node.name,
                              rule=exc.rule) from None
+    for value, t in zip(node.outputs, types):
+        if value is not None and t is not None and t.has_rank:
+            _check_declared(node, value, t)
     if len(remembered) < MAX_REMEMBERED_SHAPES:
         remembered[key] = tuple(types)
     return list(types)
@@ -87,6 +90,15 @@ def concrete_types(graph: Graph, order: Sequence[Node], shapes: Mapping[str, tup
     if len(remembered) < MAX_REMEMBERED_SHAPES:
         remembered[key] = dict(known)
     return known
+
+
+def _check_declared(node: Node, value: Value, concrete: TensorType) -> None:
+    """A size the graph states for ``value`` (a file's claim, ``ir._types.refine``) holds on the fed shapes."""
+    stated = value.type.dims
+    if stated is not None and (len(stated) != len(concrete.shape) or any(
+            isinstance(d, int) and isinstance(c, int) and d != c for d, c in zip(stated, concrete.shape))):
+        raise ExecutionError(f"{describe(node)}: output '{value.name}': the graph states {value.type}, the fed shapes "
+                             f"make it {concrete}", node=node.name)
 
 
 def validate_node_data(node: Node, arrays: Sequence[Array | None], attributes: Mapping[str, object] | None = None,

@@ -82,6 +82,9 @@ def validate_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBack
         if backend.dtype_of(array) is not want.dtype:
             raise ExecutionError(f"{where}: expected dtype {want.dtype}, got {backend.dtype_name(array)}; cast the "
                                  f"array first")
+        if want.dims is None:          # any rank: the first node reading it checks what it needs
+            arrays[value.name] = array
+            continue
         if array.ndim != want.rank:
             raise ExecutionError(f"{where}: expected rank {want.rank} {list(want.shape)}, got rank {array.ndim} "
                                  f"{list(array.shape)}")

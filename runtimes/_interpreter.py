@@ -154,7 +154,7 @@ class InterpretedExecutable(ABC):
         for value, array, want in zip(step.outputs, results, expected):
             if value is None:
                 continue
-            if backend.dtype_of(array) is not want.dtype or not _shape_matches(array.shape, want.shape):
+            if backend.dtype_of(array) is not want.dtype or not _shape_matches(array.shape, want.dims):
                 raise ExecutionError(f"{describe(node)}: kernel returned {backend.dtype_name(array)}"
                                      f"{list(array.shape)} for output '{value.name}', expected {want}", node=node.name)
             env[value.name] = array
@@ -179,7 +179,7 @@ def _takes_outputs(kernel: NodeKernel) -> bool:
 def _buffer_for(value: Value | None, want: TensorType | None, buffers: Mapping[str, Array]) -> Array | None:
     """The caller's buffer for this node output, when it has one of the output's concrete shape."""
     buffer = buffers.get(value.name) if value is not None else None
-    return buffer if buffer is not None and want is not None and _shape_matches(buffer.shape, want.shape) else None
+    return buffer if buffer is not None and want is not None and _shape_matches(buffer.shape, want.dims) else None
 
 
 def _allocated_here(ours: bool, array: Array, args: list[Array | None], reused: Array | None,
@@ -190,6 +190,8 @@ def _allocated_here(ours: bool, array: Array, args: list[Array | None], reused: 
     return ours and not any(a is not None and shares(array, a) for a in args)
 
 
-def _shape_matches(actual: tuple[int, ...], declared: tuple) -> bool:
-    """Ranks equal and every int dim equal (symbols of data-dependent standard-op outputs match any size)."""
-    return len(actual) == len(declared) and all(not isinstance(d, int) or d == a for a, d in zip(actual, declared))
+def _shape_matches(actual: tuple[int, ...], declared: tuple | None) -> bool:
+    """Ranks equal and every int dim equal (symbols of data-dependent standard-op outputs match any size; an
+    unknown rank, None, any shape)."""
+    return declared is None or len(actual) == len(declared) and all(not isinstance(d, int) or d == a
+                                                                    for a, d in zip(actual, declared))

@@ -24,7 +24,9 @@ __all__ = ["concrete_shape", "fill_output_buffers", "validate_output_buffers"]
 
 def concrete_shape(graph: Graph, value: Value, bindings: Mapping[str, int]) -> tuple[int, ...] | None:
     """The value's shape with its symbols bound by the feeds; None while a dim is data-dependent."""
-    dims = [d if isinstance(d, int) else bindings.get(graph.symbols.canonical(d)) for d in value.type.shape]
+    if value.type.dims is None:
+        return None
+    dims = [d if isinstance(d, int) else bindings.get(graph.symbols.canonical(d)) for d in value.type.dims]
     return None if any(d is None for d in dims) else tuple(dims)
 
 

@@ -17,7 +17,7 @@ import networkx as nx
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import ModelProto, checker, inliner, numpy_helper
+from onnx import ModelProto, checker, inliner, numpy_helper, shape_inference
 from onnx.reference import ReferenceEvaluator
 
 from ..ir._registry import all_schemas, get_schema
@@ -27,6 +27,7 @@ from ..ir._errors import GraphError, first_line
 from ..ir._files import FileRefused, read_regular_file
 from ..ir._onnx_schemas import register_onnx_schemas
 from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
+from ..ir._types import TensorType
 from ..ir._subgraphs import captured_names
 
 __all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes"]
@@ -171,10 +172,23 @@ def _import(model: ModelProto) -> Graph:
     foreign = [(f.domain, f.name) for f in model.functions if (f.domain, f.name) not in ours]
     if foreign:
         model = inliner.inline_selected_functions(model, foreign, exclude=False)
-    return _build(model)
+    claimed = _declared_types(model.graph.value_info, model.graph.output)
+    graph = _build(model, claimed)
+    if all(v.type.is_static for v in graph.values()):
+        return graph
+    # gaps: what ONNX's shape inference with data propagation over the whole file knows. It runs only on a model
+    # geir has built (validated node by node): on some malformed nodes onnx's inference aborts the process
+    try:
+        inferred = shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:   # it stops where geir's node-by-node inference went on: nothing more to learn
+        return graph
+    more = _declared_types(inferred.value_info, inferred.output)
+    if all(name in claimed or more[name].dims is None for name in more):
+        return graph
+    return _build(model, more | claimed)
 
 
-def _build(model: ModelProto) -> Graph:
+def _build(model: ModelProto, declared: dict[str, TensorType] | None = None) -> Graph:
     graph = model.graph
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     b = GraphBuilder(graph.name or "imported")
@@ -189,15 +203,21 @@ def _build(model: ModelProto) -> Graph:
             values[init.name] = b.constant(init.name, numpy_helper.to_array(init))
     for vi in graph.input:
         if vi.name not in values:
-            t = tensor_type_from_onnx(vi.type, f"graph input '{vi.name}'")
-            values[vi.name] = b.input(vi.name, t.dtype, t.shape, default=defaults.get(vi.name))
+            t = tensor_type_from_onnx(vi.type, f"graph input '{vi.name}'", unknown_dim=_symbol_stem(vi.name))
+            values[vi.name] = b.input(vi.name, t.dtype, t.dims, default=defaults.get(vi.name))
     for node in _dependency_order(graph, set(values)):
-        _import_node(b, node, values, opset)
+        _import_node(b, node, values, opset, declared or {})
     for vi in graph.output:
         if vi.name not in values:
             raise GraphError(f"graph output '{vi.name}' is produced by no node and is no input")
         b.output(values[vi.name])
     return b.build()
+
+
+def _symbol_stem(name: str) -> str:
+    """A symbol stem for the unnamed dims of input ``name`` (each such dim is a size of its own)."""
+    stem = "".join(ch if ch.isalnum() else "_" for ch in name) or "input"
+    return stem if stem[0].isalpha() else f"in_{stem}"
 
 
 def _dependency_order(graph, available: set[str]) -> list:
@@ -223,8 +243,26 @@ def _dependency_order(graph, available: set[str]) -> list:
     raise GraphError(f"graph '{graph.name}' has a cycle: {names} -> '{first}'", node=first)
 
 
-def _import_node(b: GraphBuilder, node, values: dict[str, Value], opset: int) -> None:
-    """Add one node; a standard node follows the model's standard opset (``Node.version``)."""
+def _declared_types(*infos) -> dict[str, TensorType]:
+    """The shaped tensor types ``infos`` (ValueInfoProtos: a file's value_info and outputs, or what ONNX's shape
+    inference with data propagation derives for the whole file, such as the static sizes of computed Reshape
+    targets) give, by value name: what fills the gaps of geir's node-by-node inference (``ir._types.refine``). A
+    value typed otherwise than as a tensor, or of an element type geir does not know, declares nothing."""
+    declared: dict[str, TensorType] = {}
+    for info in (i for group in infos for i in group):
+        try:
+            found = tensor_type_from_onnx(info.type, info.name, unknown_dim=_symbol_stem(info.name))
+        except GraphError:
+            continue
+        if found.dims is not None and info.name not in declared:
+            declared[info.name] = found
+    return declared
+
+
+def _import_node(b: GraphBuilder, node, values: dict[str, Value], opset: int,
+                 declared: dict[str, TensorType]) -> None:
+    """Add one node; a standard node follows the model's standard opset (``Node.version``), its outputs' types
+    fill their gaps from what is declared for them."""
     domain = node.domain or ""
     name = node.name or None
     if domain in ("", "ai.onnx") and node.op_type == "Constant":
@@ -245,7 +283,9 @@ def _import_node(b: GraphBuilder, node, values: dict[str, Value], opset: int) ->
                          f"standard ONNX", node=node.name)
     inputs = [values[n] if n else None for n in node.input]
     inputs += [values[n] for n in captured_names(attrs)]    # what its subgraphs read of enclosing scopes
-    results = b.add_node(schema, inputs, attrs, name, output_names=list(node.output))
+    claims = [declared.get(n) if n else None for n in node.output]
+    results = b.add_node(schema, inputs, attrs, name, output_names=list(node.output),
+                         declared=claims if any(claims) else None)
     for value in results if isinstance(results, tuple) else (results,):
         if value is not None:
             values[value.name] = value

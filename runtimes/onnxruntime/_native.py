@@ -49,7 +49,7 @@ from ...ir._editor import GraphEditor
 from ...ir._registry import all_schemas
 from ...ir._errors import GeirWarning
 from ...ir._files import FileRefused, read_regular_file
-from ...ir._onnx_export import to_onnx
+from ...ir._onnx_export import runtime_model
 from ...passes import build
 from ...schemas import all_examples
 from ..numpy import NumpyRuntime
@@ -321,7 +321,7 @@ def _self_test(path: Path) -> None:
     options.register_custom_ops_library(str(path))
     counter = _counter(path)
     before = counter()
-    session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options,
+    session = ort.InferenceSession(runtime_model(graph).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     names = [v.name for v in graph.outputs]
     got = dict(zip(names, session.run(names, feeds)))

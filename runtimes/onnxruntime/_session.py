@@ -14,7 +14,7 @@ from onnx import TensorProto
 from ...ir._core import Graph, Node, Value
 from ...ir._dtypes import DType
 from ...ir._errors import ExecutionError, GraphError, first_line
-from ...ir._onnx_export import to_onnx
+from ...ir._onnx_export import runtime_model
 from ...ir._onnx_types import value_info
 from ...ir._types import TensorType
 
@@ -74,7 +74,7 @@ class OnnxRuntimeExecutable:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.revision = graph.revision
-        self.model = to_onnx(graph)
+        self.model = runtime_model(graph)
         self.session = _session(self.model, graph)
         self.order = graph.topological_order()
         given = {v.name for v in graph.inputs} | set(graph.constants)
@@ -237,8 +237,8 @@ def _check_outputs(graph: Graph, results: Mapping[str, np.ndarray], types: Mappi
     for value in graph.outputs:
         array = results[value.name]
         want = types.get(value.name, value.type)
-        if len(array.shape) != len(want.shape) or any(isinstance(d, int) and d != a
-                                                       for a, d in zip(array.shape, want.shape)):
+        if want.dims is not None and (len(array.shape) != len(want.dims) or any(
+                isinstance(d, int) and d != a for a, d in zip(array.shape, want.dims))):
             node = value.producer
             where = describe(node) if node is not None else f"graph '{graph.name}'"
             raise ExecutionError(f"{where} on onnxruntime: returned {list(array.shape)} for output '{value.name}', "
