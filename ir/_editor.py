@@ -266,7 +266,7 @@ class GraphEditor:
         schema.check_signature(types, name, location)
         values = [self._graph.constants.get(v.name) if v is not None and v.producer is None else None for v in inputs]
         ctx = InferContext(schema, name, types, bound, symbols=self._graph.symbols, location=location,
-                           input_values=values)
+                           input_values=values, declared=declared)
         out_types = refine_all(schema.infer_types(ctx), declared)
         for message in ctx.warnings:
             if location is None:
@@ -284,7 +284,7 @@ class GraphEditor:
             out_specs = [None if t is None else (self._fresh(f"{name}.{s.name}"), t)
                          for s, t in zip(schema.outputs, out_types)]
         node = Node(schema.op_type, inputs, bound, out_specs, name=name, domain=schema.domain, location=location,
-                    version=schema.version if schema.domain == "" else None)
+                    version=schema.version)
         node.declared = None if declared is None else tuple(declared)
         node.inferred = (node.inference_key(types), tuple(out_types))   # the build's InferShapes reuses it
         self._graph.nodes.append(node)                   # still being built: no guarantees to clear

@@ -105,6 +105,11 @@ def runtime_model(graph: Graph) -> ModelProto:
                                    [typed(v) for v in graph.outputs], initializer=initializers + added.initializers,
                                    value_info=inner + added.value_info)
     opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(CANN_DOMAIN, 1)] if specs else [])
+    others: dict[str, int] = {}     # ONNX's other domains and foreign ones: the newest version their nodes follow
+    for node in graph.nodes:
+        if node.domain not in ("", CANN_DOMAIN):
+            others[node.domain] = max(others.get(node.domain, 1), node.version or 1)
+    opsets += [helper.make_opsetid(d, v) for d, v in sorted(others.items())]
     functions = [_function(spec, opset) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,
                               producer_name="geir")

@@ -16,6 +16,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Generic, TypeVar
 
 from ._errors import GraphError
+from ._onnx_body import OPSET
 
 from ._schema import OpSchema, Schema
 
@@ -115,15 +116,29 @@ def register(schema: OpSchema) -> OpSchema:
 
 def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, outputs: int | None = None,
                version: int | None = None) -> Schema:
-    """Look an op up; unknown ops raise GraphError SCH-1 listing the known ones.
+    """Look an op up; unknown ops of our domains raise GraphError SCH-1 listing the known ones.
 
     Domain "" (or "ai.onnx") gives the standard ONNX op's adapter as standard opset ``version`` defines it (geir's
-    default opset when None), with ``outputs`` outputs for an op whose output count varies per node (Split).
+    default opset when None), with ``outputs`` outputs for an op whose output count varies per node (Split); ONNX's
+    other domains (``ai.onnx.ml``, ...) likewise at their newest opset when None. An op of any other domain (ONNX
+    Runtime's ``com.microsoft``, say) gets the adapter of ops geir knows only by the types a file declares
+    (``ir._foreign``).
     """
-    if domain in ("", "ai.onnx"):
-        from ._standard import standard_schema
+    if domain == "ai.onnx":
+        domain = ""
+    if (domain, op_type) in SCHEMAS:
+        return SCHEMAS[(domain, op_type)]
+    ours = {d for d, _ in SCHEMAS} | {"ai.cann"}     # ours even before a family registers (ir._core.CANN_DOMAIN)
+    if domain not in ours:
+        from ._standard import ONNX_DOMAINS, standard_schema
 
-        return standard_schema(op_type, outputs) if version is None else standard_schema(op_type, outputs, version)
+        if domain not in ONNX_DOMAINS:
+            from ._foreign import foreign_schema
+
+            return foreign_schema(op_type, domain, outputs, version)
+        if version is None:
+            version = OPSET if domain == "" else ONNX_DOMAINS[domain]
+        return standard_schema(op_type, outputs, version, domain)
     try:
         return SCHEMAS[(domain, op_type)]
     except KeyError:

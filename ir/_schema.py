@@ -148,8 +148,11 @@ class InferContext(_NodeContext):
         location: SourceLocation | None = None,
         target: str | None = None,
         input_values: Sequence[np.ndarray | None] | None = None,
+        declared: Sequence[TensorType | None] | None = None,
     ) -> None:
         self.schema = schema
+        self.declared = declared
+        """Output types the node's file declares (``Node.declared``): all an op of a foreign domain has."""
         self.node = node
         self.inputs = tuple(input_types)
         self.input_values = tuple(input_values) if input_values is not None else (None,) * len(self.inputs)

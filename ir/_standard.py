@@ -1,4 +1,5 @@
-"""Standard ONNX ops (domain ""), declared by ``onnx.defs`` rather than by us.
+"""Standard ONNX ops (domain "", and ONNX's other domains: ``ai.onnx.ml``, ``ai.onnx.preview.training``, ...),
+declared by ``onnx.defs`` rather than by us.
 
 An imported model may mix standard ops with ours; they are first-class nodes: the adapter
 below gives them the interface of an OpSchema, with arity from the onnx schema, attribute
@@ -23,31 +24,45 @@ from ._types import TensorType
 from ._onnx_body import OPSET
 from ._schema import InferContext, InputSpec, OutputSpec
 
-__all__ = ["StandardOpSchema", "export_attributes", "standard_schema", "variadic_output_count"]
+__all__ = ["ONNX_DOMAINS", "StandardOpSchema", "export_attributes", "newest_opset", "standard_schema",
+           "variadic_output_count"]
 
 _ALL = tuple(DType)
-_CACHE: dict[tuple[str, int | None, int], StandardOpSchema] = {}
+_CACHE: dict[tuple[str, int | None, int, str], StandardOpSchema] = {}
+ONNX_DOMAINS: dict[str, int] = {("" if d == "ai.onnx" else d): newest for d, (_, newest) in
+                                defs.C.schema_version_map().items()}
+"""The domains ``onnx.defs`` declares ops of, with the newest opset of each it knows ("" is the default domain)."""
+
+
+def newest_opset(domain: str) -> int:
+    return ONNX_DOMAINS[domain]
+
+
+def _opsets(domain: str, version: int) -> dict[str, int]:
+    """The opset imports a one-node model of ``domain`` at ``version`` needs (a default domain too)."""
+    return {"": version} if domain == "" else {domain: version, "": OPSET}
 
 
 class StandardOpSchema:
     """An ONNX standard op seen through the OpSchema interface the builder, passes and runtime use."""
 
-    domain = ""
     validate = None
     validated_inputs: tuple[str, ...] = ()
     exact_across_runtimes = False   # ONNX Runtime and onnx.reference may round or sum in other orders
     attributes: tuple = ()
 
-    def __init__(self, op_type: str, outputs: int | None = None, opset: int = OPSET) -> None:
-        newest = defs.onnx_opset_version()
+    def __init__(self, op_type: str, outputs: int | None = None, opset: int = OPSET, domain: str = "") -> None:
+        newest = ONNX_DOMAINS[domain]
+        which = f"opset of {domain}" if domain else "standard opset"
         if not 1 <= opset <= newest:
-            raise GraphError(f"[SCH-1] {op_type}: opset: expected a standard opset onnx {onnx.__version__} knows (1 to "
+            raise GraphError(f"[SCH-1] {op_type}: opset: expected a {which} onnx {onnx.__version__} knows (1 to "
                              f"{newest}), got {opset}", rule="SCH-1")
         try:
-            self.onnx = defs.get_schema(op_type, opset, "")
+            self.onnx = defs.get_schema(op_type, opset, domain)
         except defs.SchemaError:
-            raise GraphError(f"[SCH-1] {op_type}: op type: expected a standard ONNX op of opset {opset}, got unknown "
-                             f"op '{op_type}'", rule="SCH-1") from None
+            raise GraphError(f"[SCH-1] {op_type}: op type: expected {'an op of ' + domain if domain else 'a standard ONNX op'}"
+                             f" of opset {opset}, got unknown op '{op_type}'", rule="SCH-1") from None
+        self.domain = domain
         self.version = opset
         """The standard opset whose definition of the op this adapter follows (ONNX resolves a node's op version
         from its model's opset import; geir keeps it per node, ``Node.version``)."""
@@ -111,13 +126,14 @@ class StandardOpSchema:
                                  location=location)
         try:
             proto = helper.make_node(self.op_type, [f"in{i}" for i in range(self.onnx.min_input)],
-                                     [f"out{i}" for i in range(max(1, self.onnx.min_output))], **given)
+                                     [f"out{i}" for i in range(max(1, self.onnx.min_output))], domain=self.domain,
+                                     **given)
         except (TypeError, ValueError) as exc:
             raise GraphError(f"[SCH-3] {self.op_type} '{node}': attributes: {exc}", rule="SCH-3", node=node,
                              location=location) from None
         context = checker.C.CheckerContext()
         context.ir_version = onnx.IR_VERSION
-        context.opset_imports = {"": self.version}
+        context.opset_imports = _opsets(self.domain, self.version)
         try:
             captured = captured_names(given)
             if captured:   # a subgraph may read values of the enclosing graph: check the node in a graph declaring them
@@ -154,13 +170,14 @@ class StandardOpSchema:
         if self.holds_subgraphs:
             return self._infer_with_subgraphs(ctx)
         names = [f"in{i}" if t is not None else "" for i, t in enumerate(ctx.inputs)]
-        proto = helper.make_node(self.op_type, names, [f"out{i}" for i in range(len(self.outputs))], **ctx.attributes)
+        proto = helper.make_node(self.op_type, names, [f"out{i}" for i in range(len(self.outputs))], domain=self.domain,
+                                 **ctx.attributes)
         types = {n: type_proto(t) for n, t in zip(names, ctx.inputs) if t is not None}
         data = {n: numpy_helper.from_array(v) for n, v in zip(names, ctx.input_values) if v is not None}
         self._check_output_count(ctx)
         try:
             inferred = shape_inference.infer_node_outputs(self.onnx, proto, types, input_data=data, opset_imports=[
-                helper.make_opsetid("", self.version)])
+                helper.make_opsetid(d, v) for d, v in _opsets(self.domain, self.version).items()])
         except Exception as exc:  # onnx raises several types; all mean the same for the user
             raise GraphError(f"{self.op_type} '{ctx.node}': ONNX shape inference failed: {exc}", node=ctx.node,
                              location=ctx.location) from None
@@ -266,20 +283,21 @@ def _loop_state_shapes(body: onnx.GraphProto, states: list, captures: list, know
         out.tensor_type.shape.CopyFrom(helper.make_tensor_type_proto(out.tensor_type.elem_type, dims).tensor_type.shape)
 
 
-def standard_schema(op_type: str, outputs: int | None = None, opset: int = OPSET) -> StandardOpSchema:
-    """The adapter of a standard op as standard opset ``opset`` defines it; for an op with variadic outputs, the one
-    with ``outputs`` outputs; for an op with optional trailing outputs, the one with its first ``outputs`` (all of
-    them when None or out of range)."""
-    generic = _CACHE.get((op_type, None, opset))
+def standard_schema(op_type: str, outputs: int | None = None, opset: int = OPSET, domain: str = ""
+                    ) -> StandardOpSchema:
+    """The adapter of an op of ONNX's ``domain`` as its opset ``opset`` defines it; for an op with variadic outputs,
+    the one with ``outputs`` outputs; for an op with optional trailing outputs, the one with its first ``outputs``
+    (all of them when None or out of range)."""
+    generic = _CACHE.get((op_type, None, opset, domain))
     if generic is None:
-        generic = _CACHE[(op_type, None, opset)] = StandardOpSchema(op_type, opset=opset)
+        generic = _CACHE[(op_type, None, opset, domain)] = StandardOpSchema(op_type, opset=opset, domain=domain)
     if outputs is None or outputs == len(generic.outputs):
         return generic
     if not generic.variadic and outputs not in generic.optional_outputs:
         return generic
-    key = (op_type, outputs, opset)
+    key = (op_type, outputs, opset, domain)
     if key not in _CACHE:
-        _CACHE[key] = StandardOpSchema(op_type, outputs, opset)
+        _CACHE[key] = StandardOpSchema(op_type, outputs, opset, domain)
     return _CACHE[key]
 
 

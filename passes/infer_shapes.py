@@ -18,7 +18,7 @@ def infer_node(node: Node, symbols: SymbolTable, input_types=None,
     types = [v.type if v is not None else None for v in node.inputs] if input_types is None else input_types
     ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=symbols, location=node.location,
                        input_values=[constants.get(v.name) if v is not None and v.producer is None else None
-                                     for v in node.inputs] if constants else None)
+                                     for v in node.inputs] if constants else None, declared=node.declared)
     return ctx, refine_all(node.schema.infer_types(ctx), node.declared)
 
 

@@ -23,6 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from ..ir._registry import all_schemas, get_schema
 from .builder import GraphBuilder
 from ..ir._core import CANN_DOMAIN, Graph, Value
+from ..ir._onnx_body import OPSET
 from ..ir._errors import GraphError, first_line
 from ..ir._files import FileRefused, read_regular_file
 from ..ir._onnx_schemas import register_onnx_schemas
@@ -94,9 +95,7 @@ def _check_model(model: ModelProto) -> None:
             raise GraphError(f"ONNX model imports domain '{opset.domain}' twice")
         imports[domain] = opset.version
     newest = onnx.defs.onnx_opset_version()
-    if "" not in imports:
-        raise GraphError("ONNX model imports no standard opset (opset_import has no entry for the default domain)")
-    if not 1 <= imports[""] <= newest:
+    if "" in imports and not 1 <= imports[""] <= newest:
         raise GraphError(f"ONNX model imports standard opset {imports['']}; onnx {onnx.__version__} knows opsets "
                          f"1 to {newest}")
     if CANN_DOMAIN in imports and imports[CANN_DOMAIN] != 1:
@@ -190,7 +189,7 @@ def _import(model: ModelProto) -> Graph:
 
 def _build(model: ModelProto, declared: dict[str, TensorType] | None = None) -> Graph:
     graph = model.graph
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     b = GraphBuilder(graph.name or "imported")
     values: dict[str, Value] = {}
     # IR >= 4: an initializer named like a graph input is that input's default, which a feed overrides
@@ -206,7 +205,7 @@ def _build(model: ModelProto, declared: dict[str, TensorType] | None = None) -> 
             t = tensor_type_from_onnx(vi.type, f"graph input '{vi.name}'", unknown_dim=_symbol_stem(vi.name))
             values[vi.name] = b.input(vi.name, t.dtype, t.dims, default=defaults.get(vi.name))
     for node in _dependency_order(graph, set(values)):
-        _import_node(b, node, values, opset, declared or {})
+        _import_node(b, node, values, opsets, declared or {})
     for vi in graph.output:
         if vi.name not in values:
             raise GraphError(f"graph output '{vi.name}' is produced by no node and is no input")
@@ -259,28 +258,30 @@ def _declared_types(*infos) -> dict[str, TensorType]:
     return declared
 
 
-def _import_node(b: GraphBuilder, node, values: dict[str, Value], opset: int,
+def _import_node(b: GraphBuilder, node, values: dict[str, Value], opsets: dict[str, int],
                  declared: dict[str, TensorType]) -> None:
-    """Add one node; a standard node follows the model's standard opset (``Node.version``), its outputs' types
-    fill their gaps from what is declared for them."""
-    domain = node.domain or ""
+    """Add one node; any other node than ours follows its domain's opset in the model (``Node.version``), its
+    outputs' types fill their gaps from what is declared for them (and an op of a domain neither geir nor ONNX
+    declares has only those: ``ir._foreign``)."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
     name = node.name or None
-    if domain in ("", "ai.onnx") and node.op_type == "Constant":
-        _import_constant(b, node, values, opset)
+    if domain == "" and node.op_type == "Constant":
+        _import_constant(b, node, values, opsets.get("", OPSET))
         return
     if domain == CANN_DOMAIN:
         schema = get_schema(node.op_type, domain, node.name)
         kinds = {a.name: a.kind.value for a in schema.attributes}
         attrs = {a.name: attribute_from_onnx(a, kinds.get(a.name)) for a in node.attribute}
-    elif domain in ("", "ai.onnx"):
-        schema = get_schema(node.op_type, "", node.name, outputs=len(node.output), version=opset)
-        if not schema.variadic:   # absent ("") trailing optional outputs are left out, as ONNX's inference wants
-            schema = get_schema(node.op_type, "", node.name, outputs=max(
-                (i + 1 for i, n in enumerate(node.output) if n), default=0), version=opset)
-        attrs = {a.name: attribute_from_onnx(a, None) for a in node.attribute}
     else:
-        raise GraphError(f"{node.op_type} '{node.name}': domain '{domain}' is neither ours ({CANN_DOMAIN}) nor "
-                         f"standard ONNX", node=node.name)
+        version = opsets.get(domain)
+        if version is None:
+            where = f"its domain '{domain}'" if domain else "the standard domain"
+            raise GraphError(f"{node.op_type} '{node.name}': the model imports no opset of {where}", node=node.name)
+        schema = get_schema(node.op_type, domain, node.name, outputs=len(node.output), version=version)
+        if not schema.variadic:   # absent ("") trailing optional outputs are left out, as ONNX's inference wants
+            schema = get_schema(node.op_type, domain, node.name, outputs=max(
+                (i + 1 for i, n in enumerate(node.output) if n), default=0), version=version)
+        attrs = {a.name: attribute_from_onnx(a, None) for a in node.attribute}
     inputs = [values[n] if n else None for n in node.input]
     inputs += [values[n] for n in captured_names(attrs)]    # what its subgraphs read of enclosing scopes
     claims = [declared.get(n) if n else None for n in node.output]

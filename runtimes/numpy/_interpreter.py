@@ -13,6 +13,7 @@ from .._interpreter import InterpretedExecutable, NodeKernel
 from .._kernels import kernel_for
 from ._arrays import NUMPY
 from ._standard import standard_kernel
+from ...ir._standard import ONNX_DOMAINS
 
 __all__ = ["NumpyExecutable", "NumpyRuntime"]
 
@@ -37,6 +38,6 @@ class NumpyExecutable(InterpretedExecutable):
         kernel = kernel_for(self.backend, node.domain, node.op_type)
         if kernel is not None:
             return kernel, True
-        if node.domain in ("", "ai.onnx"):
+        if node.domain in ONNX_DOMAINS:     # the standard domain and ONNX's others (ai.onnx.ml, ...)
             return standard_kernel(node), False
         return None

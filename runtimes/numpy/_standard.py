@@ -112,12 +112,13 @@ def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     inputs = [f"in{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
     outputs = [f"out{i}" if v is not None else "" for i, v in enumerate(node.outputs)]
     attributes = rename_captures(node.attributes, dict(zip(captured, inputs[formal:])))
-    proto = helper.make_node(node.op_type, inputs[:formal], outputs, **attributes)
+    proto = helper.make_node(node.op_type, inputs[:formal], outputs, domain=node.domain, **attributes)
     graph = helper.make_graph([proto], node.name,
                               [value_info(n, v.type) for n, v in zip(inputs, node.inputs) if v is not None],
                               [value_info(n, v.type) for n, v in zip(outputs, node.outputs) if v is not None])
     opset = OPSET if node.version is None else node.version
-    model = _lift(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), node, opset)
+    imports = [helper.make_opsetid(node.domain, opset)] + ([helper.make_opsetid("", OPSET)] if node.domain else [])
+    model = _lift(helper.make_model(graph, opset_imports=imports), node, opset)
     evaluator = ReferenceEvaluator(model, new_ops=[Loop] if node.op_type == "Loop" else None)
     wanted = [n for n in outputs if n]
 

@@ -65,7 +65,7 @@ def test_old_opsets_keep_their_meaning():
 
 @pytest.mark.parametrize("change, message", [
     (lambda m: m.opset_import[0].__setattr__("version", 1000), r"standard opset 1000; onnx .* knows opsets 1 to"),
-    (lambda m: m.opset_import.pop(), "imports no standard opset"),
+    (lambda m: m.opset_import.pop(), "must specify opset_import"),
     (lambda m: m.__setattr__("ir_version", 1000), "ir_version 1000 is higher than the checker's"),
     (lambda m: m.opset_import.append(helper.make_opsetid("ai.cann", 7)), "ai.cann version 7; geir defines version 1"),
 ])
