@@ -221,8 +221,12 @@ class StandardOpSchema:
         for i, spec in enumerate(self.outputs):
             tp = inferred.get(f"out{i}")
             if tp is None:
+                declared = ctx.declared[i] if ctx.declared is not None and i < len(ctx.declared) else None
+                if declared is not None:     # ONNX cannot infer it (FlexAttention's); the file states it
+                    out.append(declared)
+                    continue
                 raise GraphError(f"{self.op_type} '{ctx.node}': output {i} '{spec.name}': ONNX shape inference gave "
-                                 f"no type", node=ctx.node, location=ctx.location)
+                                 f"no type, and the model declares none", node=ctx.node, location=ctx.location)
             symbol = "".join(ch if ch.isalnum() else "_" for ch in f"{ctx.node}_{spec.name}")
             out.append(tensor_type_from_onnx(tp, f"{self.op_type} '{ctx.node}' output {i} '{spec.name}'", symbol))
         return _ceil_mode_pool_shapes(self.op_type, ctx, tuple(out))

@@ -3,6 +3,9 @@
 onnx.reference's Slice applies Python's slice rules to the raw starts and ends, which differ from ONNX's
 clamping with negative steps (it selects nothing where ONNX Runtime selects index 0); Slice runs on
 ``schemas.onnx_slice``, the one statement of ONNX's rules that the VJP and the reference use too.
+onnx.reference's GatherElements (``np.choose`` with ``mode="wrap"``) wraps an out-of-range index silently and
+fails on an index smaller than the data in other axes (every BERT export's position ids); it runs on
+``_gather_elements_kernel``.
 
 A node runs at its own opset (``Node.version``). onnx.reference implements a few ops only as their newest
 definition, which means something else at older opsets (``REFERENCE_ONLY_SINCE``): such a node is lifted to that
@@ -47,6 +50,32 @@ def _slice_kernel(node: Node) -> Callable[..., tuple[np.ndarray]]:
         except SliceError as exc:
             raise ExecutionError(f"{describe(node)}: {exc} (data shape {list(data.shape)})", node=node.name) from None
         return (data[index],)
+
+    return run
+
+
+def _gather_elements_kernel(node: Node) -> Callable[..., tuple[np.ndarray]]:
+    """GatherElements as ONNX defines it: ``out[i][j] = data[index[i][j]][j]`` (axis 0), an index of the data's rank
+    no larger than the data in the other axes, negative indices counted from the end, any other index out of range
+    an ExecutionError."""
+    axis_attribute = int(node.attributes.get("axis", 0))
+
+    def run(data: np.ndarray, index: np.ndarray, **_: object) -> tuple[np.ndarray]:
+        rank = data.ndim
+        if index.ndim != rank or not -rank <= axis_attribute < max(rank, 1):
+            raise ExecutionError(f"{describe(node)}: expected indices of the data's rank {rank} and an axis in "
+                                 f"[{-rank}, {rank}), got rank {index.ndim} and axis {axis_attribute}", node=node.name)
+        axis = axis_attribute % rank
+        if any(k != axis and i > d for k, (i, d) in enumerate(zip(index.shape, data.shape))):
+            raise ExecutionError(f"{describe(node)}: input 'indices' shape {list(index.shape)}: expected at most the "
+                                 f"data's {list(data.shape)} in every axis but {axis}", node=node.name)
+        size = data.shape[axis]
+        if index.size and (index.min() < -size or index.max() >= size):
+            bad = index[(index < -size) | (index >= size)].flat[0]
+            raise ExecutionError(f"{describe(node)}: input 'indices': expected values in [{-size}, {size - 1}] (axis "
+                                 f"{axis} of the data), got {int(bad)}", node=node.name)
+        window = tuple(slice(None) if k == axis else slice(0, n) for k, n in enumerate(index.shape))
+        return (np.take_along_axis(data[window], np.where(index < 0, index + size, index).astype(np.intp), axis),)
 
     return run
 
@@ -105,8 +134,10 @@ def _lift(model, node: Node, opset: int):
 
 def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     """A kernel running one standard node through ``onnx.reference.ReferenceEvaluator`` (Slice: ONNX's rules)."""
-    if node.op_type == "Slice" and not node.attributes:   # Slice-1 kept its bounds in attributes
+    if node.domain == "" and node.op_type == "Slice" and not node.attributes:   # Slice-1: bounds in attributes
         return _slice_kernel(node)
+    if node.domain == "" and node.op_type == "GatherElements":
+        return _gather_elements_kernel(node)
     captured = captured_names(node.attributes)      # what its subgraphs read of enclosing scopes: inputs after the op's
     formal = len(node.inputs) - len(captured)
     inputs = [f"in{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
@@ -122,9 +153,15 @@ def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     evaluator = ReferenceEvaluator(model, new_ops=[Loop] if node.op_type == "Loop" else None)
     wanted = [n for n in outputs if n]
 
+    # Dropout before opset 10 gives its mask in the data's type; onnx.reference gives it as bool at every opset
+    as_declared = {1} if node.op_type == "Dropout" and opset < 10 and len(outputs) > 1 and outputs[1] else set()
+
     def run(*args: np.ndarray | None, **_: object) -> tuple[np.ndarray | None, ...]:
         results = dict(zip(wanted, evaluator.run(wanted, {n: a for n, a in zip(inputs, args) if n})))
         # the interpreter never owns what this returns (it may be an input or a cached array)
-        return tuple(None if not n else np.asarray(results[n]) for n in outputs)
+        arrays = [None if not n else np.asarray(results[n]) for n in outputs]
+        for k in as_declared:
+            arrays[k] = arrays[k].astype(node.outputs[k].type.dtype.numpy)   # type: ignore[union-attr]
+        return tuple(arrays)
 
     return run
