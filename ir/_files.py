@@ -41,7 +41,7 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, follow_links: bool
             vet(info)
         if info.st_size > limit:
             raise FileRefused(f"is {info.st_size} bytes, more than {limit}")
-        return f.read(limit + 1)
+        return f.read(min(limit, info.st_size) + 1)   # not limit + 1: that allocates a buffer of the limit
 
 
 @contextlib.contextmanager

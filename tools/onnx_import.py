@@ -22,13 +22,14 @@ from onnx.reference import ReferenceEvaluator
 
 from ..ir._registry import all_schemas, get_schema
 from .builder import GraphBuilder
+from .external_data import has_external_data, inline_external_data
 from ..ir._core import CANN_DOMAIN, Graph, Value
 from ..ir._onnx_body import OPSET
 from ..ir._errors import GraphError, first_line
 from ..ir._files import FileRefused, read_regular_file
 from ..ir._onnx_schemas import register_onnx_schemas
 from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
-from ..ir._types import TensorType
+from ..ir._types import TensorType, refine
 from ..ir._subgraphs import captured_names
 
 __all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes"]
@@ -40,8 +41,12 @@ MAX_IMPORTED_NODES = 100_000
 
 
 def load_onnx(path: str | os.PathLike) -> Graph:
-    """Read an ONNX file and import it (``from_onnx``); GraphError for anything wrong with the file."""
-    return from_onnx(_read_model(path))
+    """Read an ONNX file (and its external data files beside it) and import it (``from_onnx``); GraphError for
+    anything wrong with the file."""
+    model = _read_model(path)
+    if has_external_data(model):
+        inline_external_data(model, os.path.dirname(os.path.abspath(path)), repr(os.fspath(path)))
+    return from_onnx(model)
 
 
 def from_onnx(model: ModelProto | str | os.PathLike | bytes) -> Graph:
@@ -102,8 +107,8 @@ def _check_model(model: ModelProto) -> None:
         raise GraphError(f"ONNX model imports {CANN_DOMAIN} version {imports[CANN_DOMAIN]}; geir defines version 1")
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            raise GraphError(f"initializer '{tensor.name}' is stored outside the model file; geir imports "
-                             f"self-contained models only")
+            raise GraphError(f"initializer '{tensor.name}' is stored outside the model; load the model with "
+                             f"geir.load_onnx(path), which reads external data files beside it")
 
 
 def _run_checker(model: ModelProto) -> None:
@@ -182,8 +187,8 @@ def _import(model: ModelProto) -> Graph:
     except Exception:   # it stops where geir's node-by-node inference went on: nothing more to learn
         return graph
     more = _declared_types(inferred.value_info, inferred.output)
-    if all(name in claimed or more[name].dims is None for name in more):
-        return graph
+    if all(refine(v.type, more.get(v.name)) == v.type for v in graph.values() if not v.type.is_static):
+        return graph     # nothing to learn: building again would give the same graph
     return _build(model, more | claimed)
 
 
