@@ -12,7 +12,6 @@ import importlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +26,8 @@ from ..schemas.moe.examples import MoeCase
 from ..schemas.rotary.examples import RotaryCase
 
 from ._table import format_table
+from .bench_rows import Measurement
+from .bench_onnx import import_measurements, onnx_run_measurements
 from .model_io import CommandError
 
 HEADERS = ("op", "case", "implementation", "ms", "throughput", "vs baseline", "target")
@@ -95,23 +96,6 @@ def _torch_compiled(torch, op: str, case: str, fn: Callable, args: tuple, work: 
         return []
     seconds = time.perf_counter() - start
     return [Measurement(op, case, f"torch.compile (compiled in {seconds:.0f} s)", lambda: compiled(*args), work, unit)]
-
-
-@dataclass
-class Measurement:
-    op: str
-    case: str
-    name: str
-    fn: Callable[[], object]
-    work: float                     # bytes moved or flops
-    unit: str                       # "GB/s" or "GFLOP/s"
-    baseline: bool = False
-    targets: tuple[tuple[str, float], ...] = ()
-    """(baseline row of the same case, the most this row may cost as a multiple of that row's time)."""
-    beat_torch: bool = False
-    also: tuple[tuple[Callable[[], Callable[[], object]], float], ...] = ()
-    """Other ways to do the same work: (a factory of the call, the work it does); each is made, timed and let go
-    of in turn, and the row keeps the lowest time per unit of work, stated for its own ``work``."""
 
 
 def larger_copies(nbytes: int, fresh: bool = False) -> tuple[tuple[Callable[[], Callable[[], object]], float], ...]:
@@ -430,7 +414,8 @@ _OWN_SUITES = {"rotary": "rotary", "moe": "moe", "sparse_attention": "sfa"}
 SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements, "sfa-cann": sfa_cann_measurements,
     **{family: family_suite(family) for family in FAMILIES if family not in _OWN_SUITES},
-    "overhead": overhead_measurements, "fuse": fuse_measurements}
+    "overhead": overhead_measurements, "fuse": fuse_measurements, "import": import_measurements,
+    "onnx-run": onnx_run_measurements}
 
 
 def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None, plot: str | None = None) -> str:
