@@ -117,7 +117,7 @@ def runtime_model(graph: Graph) -> ModelProto:
         return model
     try:
         checker.check_model(model, full_check=True)
-    except shape_inference.InferenceError as exc:   # e.g. a pool's ceil_mode size, see ir/_standard.py
+    except shape_inference.InferenceError as exc:   # e.g. a pool's ceil_mode size, see ir/_pool_shapes.py
         if not _fails_untyped(model):
             raise GraphError(f"graph '{graph.name}': cannot export at opset {opset}: ONNX's shape inference disagrees "
                              f"with the graph's types: {first_line(exc)}") from None
