@@ -85,7 +85,8 @@ class GraphEditor:
             return fresh
         mapping: dict[int, Value | None] = {}
         for v in graph.inputs:
-            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.dims, default=graph.defaults.get(v.name))
+            mapping[id(v)] = self.input(v.name, v.type.dtype, v.type.dims, default=graph.defaults.get(v.name),
+                                        kind=v.type.kind)
         for v in graph.constant_values:
             mapping[id(v)] = self.constant(named(v.name), graph.constants[v.name])
         for node in graph.topological_order():
@@ -105,13 +106,14 @@ class GraphEditor:
 
     # -- graph interface -----------------------------------------------------------------
     def input(self, name: str, dtype: DTypeLike, shape: Iterable[int | str] | None,
-              default: np.ndarray | None = None) -> Value:
+              default: np.ndarray | None = None, kind: str = "tensor") -> Value:
         """Declare a graph input; dims are ints or symbol names bound when the graph runs (None: any rank, for
         standard ops only). ``default``: the array a run uses when the input is not fed (ONNX: an input with a
-        same-name initializer)."""
+        same-name initializer). ``kind``: "sequence", "optional" or "optional_sequence" for an input standard ops
+        take as a list of arrays or an optional value (``TensorType.kind``)."""
         self._check_open()
         try:
-            value = Value(name, TensorType(dtype, shape))
+            value = Value(name, TensorType(dtype, shape, kind))
         except (TypeError, ValueError) as exc:
             raise GraphError(f"graph '{self._graph.name}': input '{name}': {exc}") from None
         self._claim(name, "input")

@@ -43,7 +43,7 @@ def to_onnx(graph: Graph) -> ModelProto:
     ONNX files give every graph input and output a shape: a graph with one of unknown rank is a GraphError naming
     it (the ONNX Runtime runtime still runs it, ``runtime_model``)."""
     unranked = [f"{kind} '{v.name}'" for kind, values in (("input", graph.inputs), ("output", graph.outputs))
-                for v in values if not v.type.has_rank]
+                for v in values if v.type.is_tensor and not v.type.has_rank]
     if unranked:
         raise GraphError(f"graph '{graph.name}': cannot export: ONNX files give every graph input and output a "
                          f"shape, and {', '.join(unranked)} {'has' if len(unranked) == 1 else 'have'} an unknown rank")
@@ -113,7 +113,7 @@ def runtime_model(graph: Graph) -> ModelProto:
     functions = [_function(spec, opset) for spec, _ in specs.values()]
     model = helper.make_model(onnx_graph, opset_imports=opsets, functions=functions, ir_version=IR_VERSION,
                               producer_name="geir")
-    if not all(v.type.has_rank for v in list(graph.inputs) + list(graph.outputs)):
+    if not all(v.type.has_rank or not v.type.is_tensor for v in list(graph.inputs) + list(graph.outputs)):
         return model
     try:
         checker.check_model(model, full_check=True)

@@ -18,12 +18,15 @@ _KIND_TO_ONNX = {"Int": AttributeProto.INT, "Float": AttributeProto.FLOAT, "Bool
 
 def value_info(name: str, t: TensorType) -> ValueInfoProto:
     """A ValueInfoProto with full shape (none for an unknown rank); symbols become ``dim_param``."""
-    return helper.make_tensor_value_info(name, t.dtype.onnx, None if t.dims is None else list(t.dims))
+    return helper.make_value_info(name, type_proto(t))
 
 
 def type_proto(t: TensorType) -> TypeProto:
-    """The tensor TypeProto of ``t`` (no shape for an unknown rank)."""
-    return helper.make_tensor_type_proto(t.dtype.onnx, None if t.dims is None else list(t.dims))
+    """The TypeProto of ``t`` (no shape for an unknown rank; a sequence or optional of its element type)."""
+    tensor = helper.make_tensor_type_proto(t.dtype.onnx, None if t.dims is None else list(t.dims))
+    if t.kind in ("sequence", "optional_sequence"):
+        tensor = helper.make_sequence_type_proto(tensor)
+    return helper.make_optional_type_proto(tensor) if t.kind.startswith("optional") else tensor
 
 
 def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = None) -> TensorType:
@@ -33,8 +36,14 @@ def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = No
     given, and is an error otherwise; with ``unknown_dim``, a type without a shape is of unknown rank (an error
     otherwise).
     """
+    kind = "tensor"
+    if tp.HasField("optional_type"):
+        tp, kind = tp.optional_type.elem_type, "optional"
+    if tp.HasField("sequence_type"):
+        tp, kind = tp.sequence_type.elem_type, "sequence" if kind == "tensor" else "optional_sequence"
     if not tp.HasField("tensor_type"):
-        raise GraphError(f"{what}: expected a tensor type, got {tp.WhichOneof('value')}")
+        raise GraphError(f"{what}: expected a tensor type (or a sequence or optional of tensors), got "
+                         f"{tp.WhichOneof('value')}")
     tt = tp.tensor_type
     try:
         dtype = as_dtype(int(tt.elem_type))
@@ -42,6 +51,8 @@ def tensor_type_from_onnx(tp: TypeProto, what: str, unknown_dim: str | None = No
         names = {v: k for k, v in TensorProto.DataType.items()}
         raise GraphError(f"{what}: element type {names.get(tt.elem_type, tt.elem_type)} ({_numpy_name(tt.elem_type)}) "
                          f"is not one of geir's dtypes") from None
+    if kind != "tensor":
+        return TensorType(dtype, None, kind)
     if not tt.HasField("shape"):
         if unknown_dim is not None:
             return TensorType(dtype, None)

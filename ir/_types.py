@@ -38,6 +38,11 @@ def as_shape(shape: Iterable[object]) -> tuple[Dim, ...]:
     return tuple(dims)
 
 
+KINDS = ("tensor", "sequence", "optional", "optional_sequence")
+"""What a value may hold: a tensor; a sequence of tensors, an optional tensor, an optional sequence (ONNX's
+sequence and optional types, of standard ops only)."""
+
+
 class UnknownRankError(GraphError):
     """A shape was asked of a type whose rank is unknown (``TensorType.has_rank`` is False): the graph asks
     something of a value that only its data can answer."""
@@ -50,21 +55,35 @@ class TensorType:
     The shape may be unknown altogether (``shape=None``): a standard ONNX op whose output rank depends on data
     (Unsqueeze or Reshape of fed values, say) has one until it runs. Such a type answers ``has_rank`` False, and
     asking for its ``shape`` or ``rank`` raises UnknownRankError, so code that needs a shape never reads a wrong
-    one; ``dims`` is the shape or None."""
+    one; ``dims`` is the shape or None.
+
+    ``kind`` says what the value holds: a tensor, or (standard ops only) a sequence of tensors, an optional
+    tensor or an optional sequence, of element type ``dtype``; those have no shape (``has_rank`` is False)."""
 
     dtype: DType
     dims: tuple[Dim, ...] | None
+    kind: str
 
-    def __init__(self, dtype: DTypeLike, shape: Iterable[object] | None) -> None:
+    def __init__(self, dtype: DTypeLike, shape: Iterable[object] | None, kind: str = "tensor") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"tensor type kind {kind!r}: expected one of {', '.join(KINDS)}")
         object.__setattr__(self, "dtype", as_dtype(dtype))
-        object.__setattr__(self, "dims", None if shape is None else as_shape(shape))
+        object.__setattr__(self, "dims", None if shape is None or kind != "tensor" else as_shape(shape))
+        object.__setattr__(self, "kind", kind)
 
     @property
     def shape(self) -> tuple[Dim, ...]:
+        if self.kind != "tensor":
+            raise UnknownRankError(f"a value of type {self} has no shape; only standard ops take such values")
         if self.dims is None:
             raise UnknownRankError(f"a {self.dtype} value of unknown rank has no shape until it runs (ONNX infers "
                                    f"its rank from data); geir's ops and passes need it")
         return self.dims
+
+    @property
+    def is_tensor(self) -> bool:
+        """A tensor (not a sequence or an optional value)."""
+        return self.kind == "tensor"
 
     @property
     def has_rank(self) -> bool:
@@ -80,12 +99,15 @@ class TensorType:
         return self.dims is not None and all(isinstance(d, int) for d in self.dims)
 
     def with_shape(self, shape: Iterable[object] | None) -> TensorType:
-        return TensorType(self.dtype, shape)
+        return TensorType(self.dtype, shape, self.kind)
 
     def with_dtype(self, dtype: DTypeLike) -> TensorType:
-        return TensorType(dtype, self.dims)
+        return TensorType(dtype, self.dims, self.kind)
 
     def __str__(self) -> str:
+        if self.kind != "tensor":
+            return {"sequence": "seq({})", "optional": "optional({})", "optional_sequence": "optional(seq({}))"}[
+                self.kind].format(self.dtype)
         if self.dims is None:
             return f"{self.dtype}[?]"
         return f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
@@ -96,7 +118,7 @@ def refine(inferred: TensorType, declared: TensorType | None) -> TensorType:
     dim the declared size or symbol. Where the two disagree (dtype, rank or a known size), the inferred type stands:
     it follows from the op's definition, while a file's value_info is only its writer's claim. What a declared size
     claims is checked on the fed shapes when the graph runs (the rules run again on them)."""
-    if declared is None or declared.dims is None or declared.dtype is not inferred.dtype:
+    if declared is None or declared.dims is None or declared.dtype is not inferred.dtype or not inferred.is_tensor:
         return inferred
     if inferred.dims is None:
         return declared

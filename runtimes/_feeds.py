@@ -11,6 +11,7 @@ from typing import Any
 from ..ir._core import Graph
 from ..ir._dtypes import DType
 from ..ir._errors import ExecutionError
+from ..ir._types import TensorType
 
 from ._arrays import Array, ArrayBackend, host_backend
 
@@ -46,6 +47,23 @@ def _exact_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBacken
     return arrays
 
 
+def _non_tensor_feed(feed: object, want: TensorType, backend: ArrayBackend[Any], where: str) -> Any:
+    """A sequence feed (a list or tuple of arrays, each of the element dtype) as a list; an optional one may be
+    None (absent)."""
+    if feed is None and want.kind.startswith("optional"):
+        return None
+    if want.kind in ("sequence", "optional_sequence"):
+        if not isinstance(feed, (list, tuple)):
+            raise ExecutionError(f"{where}: expected a list of arrays ({want}), got {type(feed).__name__}")
+        items = [backend.as_array(item, f"{where} item {k}") for k, item in enumerate(feed)]
+    else:
+        items = [backend.as_array(feed, where)]
+    for k, item in enumerate(items):
+        if backend.dtype_of(item) is not want.dtype:
+            raise ExecutionError(f"{where}: item {k}: expected dtype {want.dtype}, got {backend.dtype_name(item)}")
+    return items if want.kind in ("sequence", "optional_sequence") else items[0]
+
+
 def validate_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBackend[Any] | None = None
                    ) -> tuple[dict[str, Array], dict[str, int]]:
     """Check feeds against the graph inputs; return the backend's arrays and the symbol bindings.
@@ -72,6 +90,11 @@ def validate_feeds(graph: Graph, feeds: Mapping[str, object], backend: ArrayBack
     bindings: dict[str, tuple[int, str]] = {}
     for value in graph.inputs:
         where = f"graph '{graph.name}': input '{value.name}'"
+        if not value.type.is_tensor:
+            if value.name not in feeds and not value.type.kind.startswith("optional"):
+                raise ExecutionError(f"graph '{graph.name}': input '{value.name}' ({value.type}) is not fed")
+            arrays[value.name] = _non_tensor_feed(feeds.get(value.name), value.type, backend, where)
+            continue
         if value.name in feeds:
             array = backend.as_array(feeds[value.name], where)
         elif value.name in graph.defaults:    # an overridable default, used when the input is not fed

@@ -99,7 +99,9 @@ class InterpretedExecutable(ABC):
             for value in node.inputs:
                 if value is not None:
                     self.last_use[id(value)] = step
-        self.symbolic = {n for n in self.order if is_symbolic(n)}
+        self.symbolic = {n for n in self.order if is_symbolic(n) and all(
+            v is None or v.type.is_tensor for v in list(n.inputs) + list(n.outputs))}
+        """Nodes whose rules run again on the fed shapes (not those exchanging sequences or optionals: no shapes)."""
         self.steps = [_Step(self, step, node) for step, node in enumerate(self.order)]
 
     @abstractmethod
@@ -119,7 +121,7 @@ class InterpretedExecutable(ABC):
         result = {}
         for value in self.graph.outputs:
             array = env[value.name]
-            result[value.name] = array if value.name in owned or value.name in buffers else backend.copy(array)
+            result[value.name] = array if value.name in owned or value.name in buffers else _copy(backend, array)
         fill_output_buffers(self.graph, result, buffers, backend)
         return result
 
@@ -154,6 +156,10 @@ class InterpretedExecutable(ABC):
         for value, array, want in zip(step.outputs, results, expected):
             if value is None:
                 continue
+            if not want.is_tensor:             # a sequence (a list) or an optional value (None when empty)
+                _check_non_tensor(node, value.name, array, want, backend)
+                env[value.name] = array
+                continue
             if backend.dtype_of(array) is not want.dtype or not _shape_matches(array.shape, want.dims):
                 raise ExecutionError(f"{describe(node)}: kernel returned {backend.dtype_name(array)}"
                                      f"{list(array.shape)} for output '{value.name}', expected {want}", node=node.name)
@@ -164,9 +170,27 @@ class InterpretedExecutable(ABC):
                 owned.add(value.name)
             else:   # a view of an owned input makes that input shared: no longer written in place
                 owned.difference_update(name for name, a in zip(step.inputs, args)
-                                        if name is not None and shares(array, a))
+                                        if name is not None and backend.is_array(a) and shares(array, a))
         for name in step.release:
             env.pop(name, None)
+
+
+def _copy(backend: ArrayBackend[Any], value: Any) -> Any:
+    """A copy of an output the run does not own: an array, a sequence's list of arrays, or None."""
+    if value is None:
+        return None
+    return [backend.copy(a) for a in value] if isinstance(value, list) else backend.copy(value)
+
+
+def _check_non_tensor(node: Node, name: str, value: Any, want: TensorType, backend: ArrayBackend[Any]) -> None:
+    """What a kernel returned for a sequence or optional output is of that kind and element dtype."""
+    if value is None and want.kind.startswith("optional"):
+        return
+    items = value if want.kind in ("sequence", "optional_sequence") and isinstance(value, list) else [value]
+    if want.kind in ("sequence", "optional_sequence") and not isinstance(value, list) or any(
+            not backend.is_array(a) or backend.dtype_of(a) is not want.dtype for a in items):
+        raise ExecutionError(f"{describe(node)}: kernel returned {type(value).__name__} for output '{name}', "
+                             f"expected {want}", node=node.name)
 
 
 def _takes_outputs(kernel: NodeKernel) -> bool:
@@ -187,7 +211,7 @@ def _allocated_here(ours: bool, array: Array, args: list[Array | None], reused: 
     """Whether this run owns ``array``: our kernel made it fresh, or it is the buffer we handed in."""
     if reused is not None and array is reused:
         return True
-    return ours and not any(a is not None and shares(array, a) for a in args)
+    return ours and not any(a is not None and not isinstance(a, list) and shares(array, a) for a in args)
 
 
 def _shape_matches(actual: tuple[int, ...], declared: tuple | None) -> bool:

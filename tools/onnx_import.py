@@ -208,7 +208,7 @@ def _build(model: ModelProto, declared: dict[str, TensorType] | None = None) -> 
     for vi in graph.input:
         if vi.name not in values:
             t = tensor_type_from_onnx(vi.type, f"graph input '{vi.name}'", unknown_dim=_symbol_stem(vi.name))
-            values[vi.name] = b.input(vi.name, t.dtype, t.dims, default=defaults.get(vi.name))
+            values[vi.name] = b.input(vi.name, t.dtype, t.dims, default=defaults.get(vi.name), kind=t.kind)
     for node in _dependency_order(graph, set(values)):
         _import_node(b, node, values, opsets, declared or {})
     for vi in graph.output:

@@ -159,7 +159,8 @@ def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     def run(*args: np.ndarray | None, **_: object) -> tuple[np.ndarray | None, ...]:
         results = dict(zip(wanted, evaluator.run(wanted, {n: a for n, a in zip(inputs, args) if n})))
         # the interpreter never owns what this returns (it may be an input or a cached array)
-        arrays = [None if not n else np.asarray(results[n]) for n in outputs]
+        arrays = [None if not n else results[n] if isinstance(results[n], list) or results[n] is None
+                  else np.asarray(results[n]) for n in outputs]     # a sequence is a list, an empty optional None
         for k in as_declared:
             arrays[k] = arrays[k].astype(node.outputs[k].type.dtype.numpy)   # type: ignore[union-attr]
         return tuple(arrays)

@@ -97,8 +97,10 @@ class OnnxRuntimeExecutable:
             raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': its inputs or outputs are "
                              f"{', '.join(packed)}, which ONNX Runtime packs several to a byte and its Python binding "
                              f"cannot exchange; run it on the numpy runtime")
-        self.strings = DType.STRING in exchanged
-        """String tensors have no address to bind: such a graph always runs through ``session.run``."""
+        self.strings = DType.STRING in exchanged or not all(v.type.is_tensor for v in list(graph.inputs) +
+                                                               list(graph.outputs))
+        """String tensors, sequences and optional values have no address to bind: such a graph always runs through
+        ``session.run``."""
         self.plain_run = self.strings or self.static_types is not None and all(
             v.producer is not None and v.type.dtype.numpy not in _AS_BITS for v in graph.outputs) and all(
             v.type.dtype.numpy not in _AS_BITS for v in graph.inputs)
@@ -112,7 +114,7 @@ class OnnxRuntimeExecutable:
         arrays, bindings = validate_feeds(self.graph, feeds)
         buffers = validate_output_buffers(self.graph, outputs, arrays, bindings, feeds)
         types = self.static_types if self.static_types is not None else concrete_types(
-            self.graph, self.order, {name: a.shape for name, a in arrays.items()})
+            self.graph, self.order, {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)})
         known: dict[str, np.ndarray] = dict(self.graph.constants) | arrays
         pending = [n for n in self.checked if not _validate_node(n, known, types, final=False)]
         if pending:
@@ -193,7 +195,8 @@ def _bind_inputs(binding: ort.IOBinding, arrays: Mapping[str, np.ndarray]) -> li
 
 def _plain_feeds(arrays: Mapping[str, np.ndarray]) -> dict[str, object]:
     """Feeds for ``session.run``: arrays, and OrtValues of the types ``_AS_BITS`` names."""
-    return {name: _ort_value(a) if a.dtype in _AS_BITS else a for name, a in arrays.items()}
+    return {name: _ort_value(a) if isinstance(a, np.ndarray) and a.dtype in _AS_BITS else a
+            for name, a in arrays.items()}
 
 
 def _bind_array(binding: ort.IOBinding, name: str, array: np.ndarray, output: bool) -> list[object]:
@@ -237,7 +240,7 @@ def _check_outputs(graph: Graph, results: Mapping[str, np.ndarray], types: Mappi
     for value in graph.outputs:
         array = results[value.name]
         want = types.get(value.name, value.type)
-        if want.dims is not None and (len(array.shape) != len(want.dims) or any(
+        if want.is_tensor and want.dims is not None and (len(array.shape) != len(want.dims) or any(
                 isinstance(d, int) and d != a for a, d in zip(array.shape, want.dims))):
             node = value.producer
             where = describe(node) if node is not None else f"graph '{graph.name}'"
