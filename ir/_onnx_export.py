@@ -133,7 +133,8 @@ def _fails_untyped(model: ModelProto) -> bool:
     bare.CopyFrom(model)
     del bare.graph.value_info[:]
     for output in bare.graph.output:
-        output.type.tensor_type.ClearField("shape")
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
     try:
         shape_inference.infer_shapes(bare, strict_mode=True)
     except shape_inference.InferenceError:

@@ -63,6 +63,8 @@ def validate_output_buffers(graph: Graph, buffers: Mapping[str, Any] | None, fee
             raise ExecutionError(f"graph '{graph.name}': outputs: {name!r} is not a graph output (outputs: "
                                  f"{', '.join(by_name)})")
         value, where = by_name[name], f"graph '{graph.name}': output buffer '{name}'"
+        if not value.type.is_tensor:
+            raise ExecutionError(f"{where}: the output is a {value.type}, not a tensor: it takes no buffer")
         if not backend.is_array(buffer):
             raise ExecutionError(f"{where}: expected {backend.kind}, got {type(buffer).__name__}")
         if backend.dtype_of(buffer) is not value.dtype:

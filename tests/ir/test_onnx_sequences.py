@@ -45,6 +45,10 @@ def test_a_sequence_input_and_output_on_both_runtimes_and_the_export():
     graph = geir.from_onnx(model)
     assert graph.inputs[0].type == TensorType("float32", None, "sequence") and str(graph.inputs[0].type) == \
         "seq(float32)"
+    with pytest.raises(geir.ExecutionError, match=r"output buffer 'longer': the output is a seq\(float32\), not a "
+                                                  r"tensor: it takes no buffer"):
+        geir.run(graph, {"items": [np.ones(3, np.float32)], "extra": np.ones(2, np.float32)}, runtime="numpy",
+                 outputs={"longer": np.ones(3, np.float32)})
     feeds = {"items": [np.ones(3, np.float32), np.arange(1, dtype=np.float32)], "extra": np.full(2, 7, np.float32)}
     want = dict(zip(("longer", "count", "joined"), ReferenceEvaluator(model).run(None, feeds)))
     for runtime in ("numpy", "onnxruntime"):
@@ -81,6 +85,7 @@ def test_an_optional_input_may_be_fed_none():
     model = _model(nodes, [optional], [helper.make_tensor_value_info("present", TensorProto.BOOL, [])])
     graph = geir.from_onnx(model)
     assert graph.inputs[0].type.kind == "optional" and str(graph.inputs[0].type) == "optional(float32)"
+    assert not graph.inputs[0].type.has_rank and not graph.inputs[0].type.is_static
     for runtime in ("numpy", "onnxruntime"):
         assert geir.run(graph, {"maybe": None}, runtime=runtime)["present"] == np.array(False)
         assert geir.run(graph, {"maybe": np.ones(2, np.float32)}, runtime=runtime)["present"] == np.array(True)
