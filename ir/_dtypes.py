@@ -96,7 +96,10 @@ def _numpy_dtype(dtype: DType) -> np.dtype | None:
     narrow = getattr(ml_dtypes, dtype.value, None)
     if narrow is not None:
         return np.dtype(narrow)
-    return np.dtype(dtype.value) if hasattr(np, dtype.value) else None
+    try:
+        return np.dtype(dtype.value)     # by name: NumPy 1.x has no np.bool attribute, yet dtype("bool")
+    except TypeError:
+        return None
 
 
 _NUMPY: dict[DType, np.dtype] = {d: t for d in DType if (t := _numpy_dtype(d)) is not None}
