@@ -201,7 +201,8 @@ class StandardOpSchema:
         names += [f"geir_capture{k}" for k in range(len(captured))]
         attributes = rename_captures(ctx.attributes, dict(zip(captured, names[formal:])))
         outputs = [f"geir_out{i}" for i in range(len(self.outputs))]
-        proto = helper.make_node(self.op_type, names[:formal], outputs, **attributes)
+        proto = helper.make_node(self.op_type, names[:count], outputs, **attributes)   # no trailing absent input:
+        # SequenceMap's inference takes a trailing "" for a present variadic input without a type
         declared = [helper.make_value_info(n, type_proto(t)) for n, t in zip(names, ctx.inputs) if t is not None]
         known = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, ctx.input_values) if v is not None]
         model = helper.make_model(helper.make_graph([proto], "node", declared, [helper.make_value_info(o, onnx.TypeProto())

@@ -98,3 +98,16 @@ def test_our_ops_refuse_a_sequence():
     cos = b.input("cos", "float16", (1, 4, 1, 8))
     with pytest.raises(GraphError, match=r"input 'x': expected a known rank .* got seq\(float16\)"):
         b.InplacePartialRotaryMul(items, cos, cos, rotary_mode=1, partial_slice=[0, 8])
+
+
+def test_sequence_map_without_additional_inputs():
+    """SequenceMap's optional variadic inputs left out: ONNX's inference must not see a trailing absent one."""
+    body = helper.make_graph([helper.make_node("Shape", ["item"], ["shape"])], "body",
+                             [helper.make_tensor_value_info("item", F32, ["n"])],
+                             [helper.make_tensor_value_info("shape", I64, [1])])
+    model = _model([helper.make_node("SequenceMap", ["items"], ["shapes"], body=body)], [_seq_info("items")],
+                   [_seq_info("shapes", I64)])
+    graph = geir.from_onnx(model)
+    feeds = {"items": [np.ones(3, np.float32), np.ones(5, np.float32)]}
+    for runtime in ("numpy", "onnxruntime"):
+        _same(geir.run(graph, feeds, runtime=runtime)["shapes"], [np.array([3]), np.array([5])])

@@ -684,15 +684,9 @@ ENGINE_FAILS: dict[str, dict[str, str]] = {
 
 GEIR_REFUSES: dict[str, tuple[str, ...]] = {
     'numpy': (
-        'test_sequence_map_extract_shapes_cpu',
-        'test_sequence_map_identity_1_sequence_cpu',
     ),
     'onnxruntime': (
-        'test_sequence_map_extract_shapes_cpu',
-        'test_sequence_map_identity_1_sequence_cpu',
     ),
     'export': (
-        'test_sequence_map_extract_shapes_cpu',
-        'test_sequence_map_identity_1_sequence_cpu',
     ),
 }
