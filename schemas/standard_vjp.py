@@ -2,7 +2,7 @@
 
 Add, Sub, Mul, Div (broadcasting: the cotangent is summed over an operand's broadcast axes), Neg, MatMul
 (rank >= 2), Transpose, Reshape, Squeeze, Unsqueeze, Flatten, Concat, Slice, Gather, Cast, Identity,
-ReduceSum, Softmax. Index-like operands (shapes, axes, indices) get no cotangent. Scatters are never
+ReduceSum, Softmax, and the elementwise Exp, Log, Sqrt, Reciprocal, Tanh, Sigmoid, Relu, Abs. Index-like operands (shapes, axes, indices) get no cotangent. Scatters are never
 used: Gather's and strided Slice's cotangents are one-hot matrix products, deterministic on every
 runtime (ONNX Runtime's ScatterND with reduction races on repeated targets), with non-finite cotangents
 placed by indicators so that a one-hot zero never meets them (``_one_hot_sum``).
@@ -239,3 +239,55 @@ def _softmax(ctx, node, grads):
     axis = int(node.attributes.get("axis", -1))
     inner = ctx.op("ReduceSum", ctx.op("Mul", g, y), ctx.ints([axis]), keepdims=1)
     return [ctx.op("Mul", y, ctx.op("Sub", g, inner))]
+
+
+# -- elementwise functions: the cotangent times the derivative, written with the output where that is cheaper ---------
+def _scalar(ctx, value, number: float):
+    """A 0-d constant of ``value``'s dtype (broadcasts against any shape)."""
+    return ctx.const(np.asarray(number, value.type.dtype.numpy), "scalar")
+
+
+@register_vjp("Exp", STANDARD)
+def _exp(ctx, node, grads):
+    return [ctx.op("Mul", grads[0], ctx.new(node.outputs[0]))]                          # d exp(x) = exp(x)
+
+
+@register_vjp("Log", STANDARD)
+def _log(ctx, node, grads):
+    return [ctx.op("Div", grads[0], ctx.new(node.inputs[0]))]                           # d log(x) = 1 / x
+
+
+@register_vjp("Sqrt", STANDARD)
+def _sqrt(ctx, node, grads):
+    y = ctx.new(node.outputs[0])
+    return [ctx.op("Div", grads[0], ctx.op("Mul", y, _scalar(ctx, y, 2.0)))]             # d sqrt(x) = 1 / (2 y)
+
+
+@register_vjp("Reciprocal", STANDARD)
+def _reciprocal(ctx, node, grads):
+    y = ctx.new(node.outputs[0])
+    return [ctx.op("Neg", ctx.op("Mul", grads[0], ctx.op("Mul", y, y)))]                # d (1/x) = -y^2
+
+
+@register_vjp("Tanh", STANDARD)
+def _tanh(ctx, node, grads):
+    y = ctx.new(node.outputs[0])
+    return [ctx.op("Mul", grads[0], ctx.op("Sub", _scalar(ctx, y, 1.0), ctx.op("Mul", y, y)))]   # 1 - y^2
+
+
+@register_vjp("Sigmoid", STANDARD)
+def _sigmoid(ctx, node, grads):
+    y = ctx.new(node.outputs[0])
+    return [ctx.op("Mul", grads[0], ctx.op("Mul", y, ctx.op("Sub", _scalar(ctx, y, 1.0), y)))]   # y (1 - y)
+
+
+@register_vjp("Relu", STANDARD)
+def _relu(ctx, node, grads):
+    """The cotangent where x > 0, and 0 elsewhere (a Where, so a non-finite cotangent there stays out, as in torch)."""
+    x = ctx.new(node.inputs[0])
+    return [ctx.op("Where", ctx.op("Greater", x, _scalar(ctx, x, 0.0)), grads[0], _scalar(ctx, x, 0.0))]
+
+
+@register_vjp("Abs", STANDARD)
+def _abs(ctx, node, grads):
+    return [ctx.op("Mul", grads[0], ctx.op("Sign", ctx.new(node.inputs[0])))]             # sign(x); 0 at 0

@@ -264,8 +264,24 @@ def _shape_op(g: Gen, op_type: str):
     return g.op(op_type, a)          # Neg, Identity
 
 
+POSITIVE_ONLY = ("Log", "Sqrt", "Reciprocal")
+"""Elementwise ops generated on inputs fed [0.5, 1.5] (their derivatives blow up at 0)."""
+
+
+def _elementwise(g: Gen, op_type: str):
+    if op_type in POSITIVE_ONLY:
+        a = g.draw(st.sampled_from(g.positive)) if g.positive and g.draw(st.booleans()) else g.input((2, 3))
+        return g.op(op_type, a)
+    a = g.pick()
+    if op_type == "Exp":     # keep its values where float64 central differences are accurate
+        a = g.op("Tanh", a)
+    return g.op(op_type, a)
+
+
 BUILDERS: dict[str, Callable] = {
     **{op: (lambda g, op=op: _binary(g, op)) for op in ("Add", "Sub", "Mul", "Div")},
+    **{op: (lambda g, op=op: _elementwise(g, op)) for op in ("Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Sigmoid",
+                                                             "Relu", "Abs")},
     **{op: (lambda g, op=op: _shape_op(g, op)) for op in ("Neg", "Identity", "Transpose", "Reshape", "Flatten",
                                                           "Squeeze", "Unsqueeze", "Softmax", "Concat")},
     "MatMul": _matmul, "Slice": _slice, "Gather": _gather, "ReduceSum": _reduce_sum, "Cast": _cast,
