@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from ._dtypes import DType
-from ._errors import GraphError, SourceLocation, format_rule_message
+from ._errors import GraphError, SourceLocation
 from ._schema import InferContext, InputSpec, OutputSpec
+from ._standard import OpAdapter
 from ._types import TensorType
 
 __all__ = ["ForeignOpSchema", "foreign_schema"]
@@ -21,7 +22,7 @@ __all__ = ["ForeignOpSchema", "foreign_schema"]
 _CACHE: dict[tuple[str, str, int, int], ForeignOpSchema] = {}
 
 
-class ForeignOpSchema:
+class ForeignOpSchema(OpAdapter):
     """An op geir knows only by its name and what a file declares of its outputs."""
 
     validate = None
@@ -47,14 +48,6 @@ class ForeignOpSchema:
         if isinstance(key, int):
             return key
         raise GraphError(f"{self.domain}::{self.op_type}: its inputs have no names geir knows; pass them by position")
-
-    def output_index(self, key: int | str) -> int:
-        return key if isinstance(key, int) else [s.name for s in self.outputs].index(key)
-
-    def raise_error(self, rule: str, node: str, subject: str, expected: object, got: object,
-                    location: SourceLocation | None) -> None:
-        raise GraphError(format_rule_message(rule, self.op_type, node, subject, expected, got), rule=rule, node=node,
-                         location=location)
 
     def bind_attributes(self, given: dict[str, Any], node: str, location: SourceLocation | None = None) -> dict:
         return dict(given)

@@ -23,7 +23,7 @@ from ._standard import export_attributes
 from ._files import write_file
 from ._onnx_schemas import register_onnx_schemas
 from ._onnx_types import attribute_to_onnx, value_info
-from ._subgraphs import captured_names, rename_in_node
+from ._subgraphs import captured_names, rename_in_node, subgraphs_of
 from ._types import TensorType
 
 __all__ = ["IR_VERSION", "runtime_model", "save_onnx", "to_onnx"]
@@ -165,7 +165,7 @@ def _op_types(nodes) -> set[str]:
         if node.domain in ("", "ai.onnx"):
             found.add(node.op_type)
         for attribute in node.attribute:
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            for subgraph in subgraphs_of(attribute):
                 found |= _op_types(subgraph.node)
     return found
 

@@ -126,30 +126,23 @@ def get_schema(op_type: str, domain: str = "ai.cann", node: str | None = None, o
     """
     if domain == "ai.onnx":
         domain = ""
-    if (domain, op_type) in SCHEMAS:
-        return SCHEMAS[(domain, op_type)]
-    ours = {d for d, _ in SCHEMAS} | {"ai.cann"}     # ours even before a family registers (ir._core.CANN_DOMAIN)
-    if domain not in ours:
-        from ._standard import ONNX_DOMAINS, standard_schema
+    found = SCHEMAS.get((domain, op_type))
+    if found is not None:
+        return found
+    from ._standard import ONNX_DOMAINS, standard_schema
 
-        if domain not in ONNX_DOMAINS:
-            from ._foreign import foreign_schema
-
-            return foreign_schema(op_type, domain, outputs, version)
+    if domain in ONNX_DOMAINS:
         if version is None:
             version = OPSET if domain == "" else ONNX_DOMAINS[domain]
         return standard_schema(op_type, outputs, version, domain)
-    try:
-        return SCHEMAS[(domain, op_type)]
-    except KeyError:
-        known = ", ".join(sorted(op for d, op in SCHEMAS if d == domain)) or "none"
-        where = f" '{node}'" if node else ""
-        raise GraphError(
-            f"[SCH-1] {op_type}{where}: op type: expected an op of domain '{domain}' ({known}), "
-            f"got unknown op '{op_type}'",
-            rule="SCH-1",
-            node=node,
-        ) from None
+    if domain not in {d for d, _ in SCHEMAS} | {"ai.cann"}:   # ours even before a family registers (CANN_DOMAIN)
+        from ._foreign import foreign_schema
+
+        return foreign_schema(op_type, domain, outputs, version)
+    known = ", ".join(sorted(op for d, op in SCHEMAS if d == domain)) or "none"
+    where = f" '{node}'" if node else ""
+    raise GraphError(f"[SCH-1] {op_type}{where}: op type: expected an op of domain '{domain}' ({known}), got unknown "
+                     f"op '{op_type}'", rule="SCH-1", node=node)
 
 
 def import_families(package: str, path: list[str], packages_only: bool = False) -> tuple[str, ...]:

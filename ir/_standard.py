@@ -26,7 +26,7 @@ from ._types import TensorType
 from ._onnx_body import OPSET
 from ._schema import InferContext, InputSpec, OutputSpec
 
-__all__ = ["ONNX_DOMAINS", "StandardOpSchema", "export_attributes", "newest_opset", "standard_schema",
+__all__ = ["ONNX_DOMAINS", "OpAdapter", "StandardOpSchema", "export_attributes", "newest_opset", "standard_schema",
            "variadic_output_count"]
 
 _ALL = tuple(DType)
@@ -45,7 +45,22 @@ def _opsets(domain: str, version: int) -> dict[str, int]:
     return {"": version} if domain == "" else {domain: version, "": OPSET}
 
 
-class StandardOpSchema:
+class OpAdapter:
+    """What every adapter of an op declared outside geir's schemas shares (standard ops here, ``ir._foreign``'s)."""
+
+    op_type: str
+    outputs: tuple[OutputSpec, ...]
+
+    def output_index(self, key: int | str) -> int:
+        return key if isinstance(key, int) else [s.name for s in self.outputs].index(key)
+
+    def raise_error(self, rule: str, node: str, subject: str, expected: object, got: object,
+                    location: SourceLocation | None) -> None:
+        raise GraphError(format_rule_message(rule, self.op_type, node, subject, expected, got), rule=rule, node=node,
+                         location=location)
+
+
+class StandardOpSchema(OpAdapter):
     """An ONNX standard op seen through the OpSchema interface the builder, passes and runtime use."""
 
     validate = None
@@ -108,14 +123,6 @@ class StandardOpSchema:
 
     def input_index(self, key: int | str) -> int:
         return key if isinstance(key, int) else self.input_names.index(key)
-
-    def output_index(self, key: int | str) -> int:
-        return key if isinstance(key, int) else [s.name for s in self.outputs].index(key)
-
-    def raise_error(self, rule: str, node: str, subject: str, expected: object, got: object,
-                    location: SourceLocation | None) -> None:
-        raise GraphError(format_rule_message(rule, self.op_type, node, subject, expected, got), rule=rule, node=node,
-                         location=location)
 
     def bind_attributes(self, given: dict[str, Any], node: str, location: SourceLocation | None = None) -> dict:
         """Attributes are kept as given; their Python kinds are checked here and ``onnx.checker.check_node``

@@ -15,7 +15,7 @@ from typing import Any
 
 from onnx import AttributeProto, GraphProto
 
-__all__ = ["captured_names", "rename_captures", "rename_in_node"]
+__all__ = ["captured_names", "rename_captures", "rename_in_node", "subgraphs_of"]
 
 
 def _defined(graph: GraphProto) -> set[str]:
@@ -23,7 +23,8 @@ def _defined(graph: GraphProto) -> set[str]:
             {t.values.name for t in graph.sparse_initializer} | {o for n in graph.node for o in n.output if o})
 
 
-def _subgraphs(value: Any) -> list[GraphProto]:
+def subgraphs_of(value: Any) -> list[GraphProto]:
+    """The graphs an attribute (an AttributeProto, or its Python value) holds: its g and graphs."""
     if isinstance(value, GraphProto):
         return [value]
     if isinstance(value, AttributeProto):
@@ -38,7 +39,7 @@ def _free(graph: GraphProto) -> set[str]:
     read = {name for node in graph.node for name in node.input if name} | {v.name for v in graph.output}
     for node in graph.node:
         for attribute in node.attribute:
-            for sub in _subgraphs(attribute):
+            for sub in subgraphs_of(attribute):
                 read |= _free(sub)
     return read - defined
 
@@ -47,7 +48,7 @@ def captured_names(attributes: Mapping[str, Any]) -> tuple[str, ...]:
     """The names the node's subgraph attributes read from enclosing scopes, sorted (empty for a node with none)."""
     free: set[str] = set()
     for value in attributes.values():
-        for graph in _subgraphs(value):
+        for graph in subgraphs_of(value):
             free |= _free(graph)
     return tuple(sorted(free))
 

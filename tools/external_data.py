@@ -12,8 +12,9 @@ from onnx import ModelProto, TensorProto, helper
 
 from ..ir._errors import GraphError
 from ..ir._files import FileRefused, read_regular_file
+from ..ir._subgraphs import subgraphs_of
 
-__all__ = ["MAX_EXTERNAL_BYTES", "has_external_data", "inline_external_data"]
+__all__ = ["MAX_EXTERNAL_BYTES", "inline_external_data"]
 
 MAX_EXTERNAL_BYTES = 1 << 35
 """Most bytes of external data ``load_onnx`` reads for one model (32 GiB)."""
@@ -28,35 +29,30 @@ def _tensors(model: ModelProto) -> list[TensorProto]:
         found += list(graph.initializer)
         for node in graph.node:
             for attribute in node.attribute:
-                graphs += ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+                graphs += subgraphs_of(attribute)
     return found
 
 
-def has_external_data(model: ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in _tensors(model))
-
-
-def inline_external_data(model: ModelProto, folder: str, what: str) -> None:
-    """Read every external initializer of ``model`` (loaded from ``what``, a file in ``folder``) into the model;
-    GraphError naming the tensor and the file for anything wrong."""
-    root = os.path.realpath(folder)
+def inline_external_data(model: ModelProto, path: str | os.PathLike[str]) -> bool:
+    """Read every external initializer of ``model`` (loaded from the file ``path``) from the data files beside it
+    into the model; whether it had any. GraphError naming the tensor and the file for anything wrong."""
+    external = [t for t in _tensors(model) if t.data_location == TensorProto.EXTERNAL]
+    root, what = os.path.realpath(os.path.dirname(os.path.abspath(path))), repr(os.fspath(path))
     files: dict[str, bytes] = {}
     budget = MAX_EXTERNAL_BYTES
-    for tensor in _tensors(model):
-        if tensor.data_location != TensorProto.EXTERNAL:
-            continue
+    for tensor in external:
         where = f"{what}: initializer '{tensor.name}'"
         entries = {e.key: e.value for e in tensor.external_data}
         location = entries.get("location", "")
         if not location or os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
             raise GraphError(f"{where}: external data location {location!r}: expected a file name relative to the "
                              f"model's folder")
-        path = os.path.realpath(os.path.join(root, location))
-        if os.path.commonpath([root, path]) != root:
+        data_path = os.path.realpath(os.path.join(root, location))
+        if os.path.commonpath([root, data_path]) != root:
             raise GraphError(f"{where}: external data location {location!r} leads out of the model's folder")
         if location not in files:
             try:
-                files[location] = read_regular_file(path, budget, follow_links=False)
+                files[location] = read_regular_file(data_path, budget, follow_links=False)
             except FileNotFoundError:
                 raise GraphError(f"{where}: its external data file {location!r} is missing beside the model") from None
             except FileRefused as exc:
@@ -79,3 +75,4 @@ def inline_external_data(model: ModelProto, folder: str, what: str) -> None:
         tensor.raw_data = data[offset:offset + length]
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT
+    return bool(external)

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from onnx import ModelProto
 
 from ..ir._core import Graph
-from .external_data import has_external_data
-from .onnx_import import from_onnx, load_onnx, parse_model, read_model_bytes
+from .external_data import inline_external_data
+from .onnx_import import from_onnx, parse_model, read_model_bytes
 
 __all__ = ["MAX_MODELS", "clear", "imported"]
 
@@ -30,18 +30,19 @@ _lock = threading.Lock()
 
 def imported(model: ModelProto | str | os.PathLike[str]) -> Graph:
     """The built graph of ``model`` (a ModelProto or an ONNX file's path), imported once per content. A file whose
-    initializers live in external data files is imported on every call (its content is more than its bytes)."""
+    initializers live in external data files is imported on every call and never cached (its content is more than
+    its bytes), so a cached graph's bytes name no external data."""
     data = model.SerializeToString() if isinstance(model, ModelProto) else read_model_bytes(model)
-    if not isinstance(model, ModelProto):
-        path, model = model, parse_model(data, repr(os.fspath(model)))
-        if has_external_data(model):
-            return load_onnx(path)
     key = hashlib.sha256(data).hexdigest()
     with _lock:
         graph = _models.get(key)
         if graph is not None:
             _models.move_to_end(key)
             return graph
+    if not isinstance(model, ModelProto):
+        path, model = model, parse_model(data, repr(os.fspath(model)))
+        if inline_external_data(model, path):
+            return from_onnx(model)
     graph = from_onnx(model)   # outside the lock: an import may take long
     with _lock:
         graph = _models.setdefault(key, graph)   # a racing import of the same content: keep the first

@@ -22,7 +22,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ..ir._registry import all_schemas, get_schema
 from .builder import GraphBuilder
-from .external_data import has_external_data, inline_external_data
+from .external_data import inline_external_data
 from ..ir._core import CANN_DOMAIN, Graph, Value
 from ..ir._onnx_body import OPSET
 from ..ir._errors import GraphError, first_line
@@ -30,7 +30,7 @@ from ..ir._files import FileRefused, read_regular_file
 from ..ir._onnx_schemas import register_onnx_schemas
 from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 from ..ir._types import TensorType, refine
-from ..ir._subgraphs import captured_names
+from ..ir._subgraphs import captured_names, subgraphs_of
 
 __all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes"]
 
@@ -44,8 +44,7 @@ def load_onnx(path: str | os.PathLike) -> Graph:
     """Read an ONNX file (and its external data files beside it) and import it (``from_onnx``); GraphError for
     anything wrong with the file."""
     model = _read_model(path)
-    if has_external_data(model):
-        inline_external_data(model, os.path.dirname(os.path.abspath(path)), repr(os.fspath(path)))
+    inline_external_data(model, path)
     return from_onnx(model)
 
 
@@ -145,7 +144,7 @@ def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
             else:
                 total += 1
             for attribute in node.attribute:       # subgraphs: one per g, any number per graphs
-                for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                for subgraph in subgraphs_of(attribute):
                     total += size(subgraph.node, calling)
                     if total > MAX_IMPORTED_NODES:
                         raise over()

@@ -97,11 +97,11 @@ class OnnxRuntimeExecutable:
             raise GraphError(f"runtime 'onnxruntime' cannot run graph '{graph.name}': its inputs or outputs are "
                              f"{', '.join(packed)}, which ONNX Runtime packs several to a byte and its Python binding "
                              f"cannot exchange; run it on the numpy runtime")
-        self.strings = DType.STRING in exchanged or not all(v.type.is_tensor for v in list(graph.inputs) +
+        self.unbindable = DType.STRING in exchanged or not all(v.type.is_tensor for v in list(graph.inputs) +
                                                                list(graph.outputs))
         """String tensors, sequences and optional values have no address to bind: such a graph always runs through
         ``session.run``."""
-        self.plain_run = self.strings or self.static_types is not None and all(
+        self.plain_run = self.unbindable or self.static_types is not None and all(
             v.producer is not None and v.type.dtype.numpy not in _AS_BITS for v in graph.outputs) and all(
             v.type.dtype.numpy not in _AS_BITS for v in graph.inputs)
         """Static shapes, no bfloat16 or float8 and no pass-through output: without caller buffers ``session.run``
@@ -121,9 +121,10 @@ class OnnxRuntimeExecutable:
             known |= self._probe(arrays)
             for node in pending:
                 _validate_node(node, known, types, final=True)
-        if self.strings and buffers:
+        if self.unbindable and buffers:
             raise ExecutionError(f"graph '{self.graph.name}' on onnxruntime: output buffers cannot be given for a graph "
-                                 f"that exchanges string tensors (ONNX Runtime returns new ones)")
+                                 f"that exchanges string tensors, sequences or optional values (ONNX Runtime returns "
+                                 f"new ones)")
         if self.plain_run and not buffers:
             try:
                 plain = dict(zip(self.output_names, self.session.run(self.output_names, _plain_feeds(arrays))))
