@@ -108,25 +108,47 @@ class VjpContext:
 
     def sum_to(self, grad: Value, like: Value) -> Value:
         """``grad`` (of a broadcast result) summed over the axes where ``like`` (a new-graph value) was
-        broadcast, then shaped as ``like``: the cotangent of a broadcast operand."""
+        broadcast, then shaped as ``like``: the cotangent of a broadcast operand. Where the types cannot tell
+        whether a dim was broadcast (a symbol against another, or against a number other than 1), the graph
+        decides it from the shapes at run time: a dim of ``like`` that is 1 where the cotangent's is not."""
         out, target = tuple(grad.type.shape), tuple(like.type.shape)
         lead = len(out) - len(target)
         if lead < 0:
             raise GraphError(f"geir.grad: cannot sum a cotangent of shape {list(out)} to {list(target)}")
         axes = list(range(lead))
+        undecided = []
         for i, dim in enumerate(target):
             have = out[lead + i]
-            if dim == 1 and have != 1:
+            if dim == have or (isinstance(dim, str) and isinstance(have, str)
+                               and self.forward.symbols.canonical(dim) == self.forward.symbols.canonical(have)):
+                continue
+            if dim == 1:
                 axes.append(lead + i)
-            elif dim != have and not (isinstance(dim, str) and isinstance(have, str)
-                                      and self.forward.symbols.canonical(dim) == self.forward.symbols.canonical(have)):
-                raise GraphError(f"geir.grad: cannot tell whether dim {i} of an operand ({dim}) was broadcast to "
-                                 f"{have}; give the graph static shapes or equal symbols")
+            elif isinstance(dim, int) and isinstance(have, int):
+                raise GraphError(f"geir.grad: cannot sum a cotangent of shape {list(out)} to {list(target)}: dim "
+                                 f"{i} is {dim} against {have}")
+            else:
+                undecided.append(i)
+        if undecided:
+            grad = self.op("ReduceSum", grad, self._broadcast_axes(grad, like, axes, undecided, lead), keepdims=1,
+                           noop_with_empty_axes=1)
+            return self.op("Reshape", grad, self.op("Shape", like))
         if axes:
             grad = self.op("ReduceSum", grad, self.ints(axes), keepdims=1)
         if lead:
             grad = self.op("Reshape", grad, self.shape_of(like))
         return grad
+
+    def _broadcast_axes(self, grad: Value, like: Value, known: list[int], undecided: list[int], lead: int) -> Value:
+        """The axes of ``grad`` that ``like`` was broadcast along: ``known`` ones, and those of ``undecided`` (dims of
+        ``like``) where, at run time, ``like``'s size is 1 and the cotangent's is not."""
+        picked = self.ints(undecided)
+        target = self.op("Gather", self.op("Shape", like), picked)
+        have = self.op("Gather", self.op("Shape", grad), self.ints([lead + i for i in undecided]))
+        one = self.ints([1])
+        broadcast = self.op("And", self.op("Equal", target, one), self.op("Not", self.op("Equal", have, one)))
+        decided = self.op("Compress", self.ints([lead + i for i in undecided]), broadcast, axis=0)
+        return self.op("Concat", self.ints(known), decided, axis=0) if known else decided
 
 
 def _floating(value: Value) -> bool:

@@ -2,10 +2,13 @@
 
 Add, Sub, Mul, Div (broadcasting: the cotangent is summed over an operand's broadcast axes), Neg, MatMul
 (rank >= 2), Transpose, Reshape, Squeeze, Unsqueeze, Flatten, Concat, Slice, Gather, Cast, Identity,
-ReduceSum, Softmax, and the elementwise Exp, Log, Sqrt, Reciprocal, Tanh, Sigmoid, Relu, Abs. Index-like operands (shapes, axes, indices) get no cotangent. Scatters are never
-used: Gather's and strided Slice's cotangents are one-hot matrix products, deterministic on every
-runtime (ONNX Runtime's ScatterND with reduction races on repeated targets), with non-finite cotangents
-placed by indicators so that a one-hot zero never meets them (``_one_hot_sum``).
+ReduceSum, Softmax; the helpers the other rule modules share. The elementwise functions are in
+``standard_vjp_elementwise``, reductions and (log-)softmax in ``standard_vjp_reduce``, the ops that select, place
+or repeat elements in ``standard_vjp_index``, normalizations and dropout in ``standard_vjp_norm``. Index-like
+operands (shapes, axes, indices) get no cotangent; an op whose outputs are integers or booleans (comparisons,
+Shape, ArgMax, NonZero) passes none on and needs no rule. Scatter-adds are never used: the cotangents of Gather,
+GatherND, GatherElements, TopK and strided Slice are one-hot products, deterministic on every runtime (ONNX Runtime's ScatterND with reduction races on repeated targets), with non-finite cotangents
+placed by indicators so that a one-hot zero never meets them (``one_hot_sum``).
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ from .vjp import register_vjp
 STANDARD = ""
 
 
-def _static(value, what: str, node) -> tuple[int, ...]:
+def static_shape(value, what: str, node) -> tuple[int, ...]:
     if not value.type.is_static:
         raise GraphError(f"geir.grad: {node.op_type} '{node.name}': the cotangent of {what} needs its static shape, "
                          f"got {list(value.type.shape)}", node=node.name)
     return tuple(value.type.shape)
 
 
-def _constant_ints(ctx, value, what: str, node) -> list[int]:
+def constant_ints(ctx, value, what: str, node) -> list[int]:
     array = ctx.constant_of(value)
     if array is None:
         raise GraphError(f"geir.grad: {node.op_type} '{node.name}': {what} must be a constant of the graph to "
@@ -133,7 +136,7 @@ def _concat(ctx, node, grads):
     return pieces
 
 
-def _one_hot_sum(ctx, product, g):
+def one_hot_sum(ctx, product, g):
     """``product(g)`` -- a MatMul of the cotangent ``g`` with a 0/1 matrix, which places (and sums) its entries --
     with IEEE addition's meaning for non-finite entries: the matrix's zeros never meet them (0 * inf is NaN, where
     an entry placed elsewhere adds nothing). The finite part is placed as it is; where an inf, -inf or NaN lands is
@@ -155,31 +158,33 @@ def _one_hot_sum(ctx, product, g):
     return ctx.op("Where", invalid, ctx.const(np.array(np.nan, dtype), "nan"), total)
 
 
-def _place_along(ctx, g, axis: int, positions: list[int], size: int):
-    """The cotangent of ``x`` taken at ``positions`` along ``axis`` (distinct): zeros elsewhere."""
+def place_along(ctx, g, axis: int, sources: list[int], size: int):
+    """The cotangent of ``x`` (of ``size`` along ``axis``) where output position o along ``axis`` read ``x`` at
+    ``sources[o]`` (-1: read nothing, a padded value): zeros where nothing was read, sums where several were."""
     rank = len(g.type.shape)
-    if positions == list(range(positions[0], positions[0] + len(positions))):   # contiguous: pad with zeros
+    if sources and sources == list(range(sources[0], sources[0] + len(sources))):   # contiguous: pad with zeros
         pads = [0] * (2 * rank)
-        pads[axis], pads[rank + axis] = positions[0], size - positions[-1] - 1
+        pads[axis], pads[rank + axis] = sources[0], size - sources[-1] - 1
         return ctx.op("Pad", g, ctx.ints(pads))
-    onehot = np.zeros((len(positions), size), g.type.dtype.numpy)
-    onehot[np.arange(len(positions)), positions] = 1
+    onehot = np.zeros((len(sources), size), g.type.dtype.numpy)
+    read = [(o, s) for o, s in enumerate(sources) if s >= 0]
+    onehot[[o for o, _ in read], [s for _, s in read]] = 1
     perm = [i for i in range(rank) if i != axis] + [axis]
     moved = ctx.op("Transpose", g, perm=perm)
     matrix = ctx.const(onehot, "onehot")
-    placed = _one_hot_sum(ctx, lambda v: ctx.op("MatMul", v, matrix), moved)
+    placed = one_hot_sum(ctx, lambda v: ctx.op("MatMul", v, matrix), moved)
     return ctx.op("Transpose", placed, perm=[perm.index(i) for i in range(rank)])
 
 
 @register_vjp("Slice", STANDARD)
 def _slice(ctx, node, grads):
     x = node.inputs[0]
-    shape = _static(x, "its input", node)
-    starts = _constant_ints(ctx, node.inputs[1], "starts", node)
-    ends = _constant_ints(ctx, node.inputs[2], "ends", node)
-    axes = _constant_ints(ctx, node.inputs[3], "axes", node) if len(node.inputs) > 3 and node.inputs[3] is not None \
+    shape = static_shape(x, "its input", node)
+    starts = constant_ints(ctx, node.inputs[1], "starts", node)
+    ends = constant_ints(ctx, node.inputs[2], "ends", node)
+    axes = constant_ints(ctx, node.inputs[3], "axes", node) if len(node.inputs) > 3 and node.inputs[3] is not None \
         else None
-    steps = _constant_ints(ctx, node.inputs[4], "steps", node) if len(node.inputs) > 4 and node.inputs[4] is not None \
+    steps = constant_ints(ctx, node.inputs[4], "steps", node) if len(node.inputs) > 4 and node.inputs[4] is not None \
         else None
     try:
         chosen = slice_positions(shape, starts, ends, axes, steps)      # ONNX's clamping, as the runtimes slice
@@ -193,101 +198,43 @@ def _slice(ctx, node, grads):
         if positions.step < 0:      # the cotangent read back to front, then placed at ascending positions
             g = ctx.op("Slice", g, ctx.ints([-1]), ctx.ints([-(2 ** 62)]), ctx.ints([axis]), ctx.ints([-1]))
             read = read[::-1]
-        g = _place_along(ctx, g, axis, read, shape[axis])
+        g = place_along(ctx, g, axis, read, shape[axis])
     return [g] + [None] * (len(node.inputs) - 1)
+
+
+def scalar(ctx, like, number: float):
+    """A 0-d constant of ``like``'s dtype (broadcasts against any shape)."""
+    return ctx.const(np.asarray(number, like.type.dtype.numpy), "scalar")
+
+
+def wrapped_indices(ctx, indices, size):
+    """``indices`` (a new-graph value, any integer type) as int64 with negative ones counted from the end of an axis of
+    ``size`` (an int or an int64 value)."""
+    idx = ctx.op("Cast", indices, to=7)
+    bound = ctx.ints([size]) if isinstance(size, int) else size
+    return ctx.op("Where", ctx.op("Less", idx, ctx.ints([0])), ctx.op("Add", idx, bound), idx)
+
+
+def place_rows(ctx, g, flat, size: int, shape: tuple[int, ...], axis: int):
+    """The cotangent of a tensor of static ``shape`` whose rows along ``axis`` were read at the int64 positions
+    ``flat`` (a (count, 1) value, each in [0, size)), given ``g``, the cotangent of what was read (its elements in the
+    order before x count x after): a one-hot product, summed where a row was read more than once."""
+    before, after = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
+    count = flat.type.shape[0]
+    positions = ctx.const(np.arange(size, dtype=np.int64).reshape(1, size), "positions")
+    onehot = ctx.op("Cast", ctx.op("Equal", flat, positions), to=g.type.dtype.onnx)       # (count, size)
+    rows = ctx.op("Reshape", g, ctx.ints([before, count, after]))
+    spread = ctx.op("Transpose", onehot, perm=[1, 0])
+    placed = one_hot_sum(ctx, lambda v: ctx.op("MatMul", spread, v), rows)              # (before, size, after)
+    return ctx.op("Reshape", placed, ctx.ints(shape))
 
 
 @register_vjp("Gather", STANDARD)
 def _gather(ctx, node, grads):
     data, indices = node.inputs
-    shape = _static(data, "its data", node)
-    index_shape = _static(indices, "its indices", node)
+    shape = static_shape(data, "its data", node)
+    index_shape = static_shape(indices, "its indices", node)
     axis = int(node.attributes.get("axis", 0)) % len(shape)
-    size = shape[axis]
-    before, after = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
     count = int(np.prod(index_shape))
-    idx = ctx.op("Reshape", ctx.new(indices), ctx.ints([count, 1]))
-    idx = ctx.op("Cast", idx, to=7)
-    wrapped = ctx.op("Where", ctx.op("Less", idx, ctx.ints([0])), ctx.op("Add", idx, ctx.ints([size])), idx)
-    positions = ctx.const(np.arange(size, dtype=np.int64).reshape(1, size), "positions")
-    dtype = node.outputs[0].type.dtype
-    onehot = ctx.op("Cast", ctx.op("Equal", wrapped, positions), to=dtype.onnx)              # (count, size)
-    g = ctx.op("Reshape", grads[0], ctx.ints([before, count, after]))
-    spread = ctx.op("Transpose", onehot, perm=[1, 0])
-    placed = _one_hot_sum(ctx, lambda v: ctx.op("MatMul", spread, v), g)                  # (before, size, after)
-    return [ctx.op("Reshape", placed, ctx.ints(shape)), None]
-
-
-@register_vjp("ReduceSum", STANDARD)
-def _reduce_sum(ctx, node, grads):
-    x = ctx.new(node.inputs[0])
-    rank = len(x.type.shape)
-    axes = _constant_ints(ctx, node.inputs[1], "axes", node) if len(node.inputs) > 1 and node.inputs[1] is not None \
-        else []
-    if not axes and node.attributes.get("noop_with_empty_axes", 0):
-        return [grads[0]] + [None] * (len(node.inputs) - 1)
-    axes = sorted(a % rank for a in axes) if axes else list(range(rank))
-    g = grads[0]
-    if not node.attributes.get("keepdims", 1):
-        g = ctx.op("Unsqueeze", g, ctx.ints(axes))
-    return [ctx.op("Expand", g, ctx.shape_of(x))] + [None] * (len(node.inputs) - 1)
-
-
-@register_vjp("Softmax", STANDARD)
-def _softmax(ctx, node, grads):
-    g, y = grads[0], ctx.new(node.outputs[0])
-    axis = int(node.attributes.get("axis", -1))
-    inner = ctx.op("ReduceSum", ctx.op("Mul", g, y), ctx.ints([axis]), keepdims=1)
-    return [ctx.op("Mul", y, ctx.op("Sub", g, inner))]
-
-
-# -- elementwise functions: the cotangent times the derivative, written with the output where that is cheaper ---------
-def _scalar(ctx, value, number: float):
-    """A 0-d constant of ``value``'s dtype (broadcasts against any shape)."""
-    return ctx.const(np.asarray(number, value.type.dtype.numpy), "scalar")
-
-
-@register_vjp("Exp", STANDARD)
-def _exp(ctx, node, grads):
-    return [ctx.op("Mul", grads[0], ctx.new(node.outputs[0]))]                          # d exp(x) = exp(x)
-
-
-@register_vjp("Log", STANDARD)
-def _log(ctx, node, grads):
-    return [ctx.op("Div", grads[0], ctx.new(node.inputs[0]))]                           # d log(x) = 1 / x
-
-
-@register_vjp("Sqrt", STANDARD)
-def _sqrt(ctx, node, grads):
-    y = ctx.new(node.outputs[0])
-    return [ctx.op("Div", grads[0], ctx.op("Mul", y, _scalar(ctx, y, 2.0)))]             # d sqrt(x) = 1 / (2 y)
-
-
-@register_vjp("Reciprocal", STANDARD)
-def _reciprocal(ctx, node, grads):
-    y = ctx.new(node.outputs[0])
-    return [ctx.op("Neg", ctx.op("Mul", grads[0], ctx.op("Mul", y, y)))]                # d (1/x) = -y^2
-
-
-@register_vjp("Tanh", STANDARD)
-def _tanh(ctx, node, grads):
-    y = ctx.new(node.outputs[0])
-    return [ctx.op("Mul", grads[0], ctx.op("Sub", _scalar(ctx, y, 1.0), ctx.op("Mul", y, y)))]   # 1 - y^2
-
-
-@register_vjp("Sigmoid", STANDARD)
-def _sigmoid(ctx, node, grads):
-    y = ctx.new(node.outputs[0])
-    return [ctx.op("Mul", grads[0], ctx.op("Mul", y, ctx.op("Sub", _scalar(ctx, y, 1.0), y)))]   # y (1 - y)
-
-
-@register_vjp("Relu", STANDARD)
-def _relu(ctx, node, grads):
-    """The cotangent where x > 0, and 0 elsewhere (a Where, so a non-finite cotangent there stays out, as in torch)."""
-    x = ctx.new(node.inputs[0])
-    return [ctx.op("Where", ctx.op("Greater", x, _scalar(ctx, x, 0.0)), grads[0], _scalar(ctx, x, 0.0))]
-
-
-@register_vjp("Abs", STANDARD)
-def _abs(ctx, node, grads):
-    return [ctx.op("Mul", grads[0], ctx.op("Sign", ctx.new(node.inputs[0])))]             # sign(x); 0 at 0
+    flat = wrapped_indices(ctx, ctx.op("Reshape", ctx.new(indices), ctx.ints([count, 1])), shape[axis])
+    return [place_rows(ctx, grads[0], flat, shape[axis], shape, axis), None]

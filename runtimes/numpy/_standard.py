@@ -1,11 +1,14 @@
-"""Standard ONNX ops on the NumPy runtime: the ``onnx`` package's own reference kernels, except Slice.
+"""Standard ONNX ops on the NumPy runtime: the ``onnx`` package's own reference kernels, except Slice,
+GatherElements, Erf and Mean.
 
 onnx.reference's Slice applies Python's slice rules to the raw starts and ends, which differ from ONNX's
 clamping with negative steps (it selects nothing where ONNX Runtime selects index 0); Slice runs on
 ``schemas.onnx_slice``, the one statement of ONNX's rules that the VJP and the reference use too.
 onnx.reference's GatherElements (``np.choose`` with ``mode="wrap"``) wraps an out-of-range index silently and
 fails on an index smaller than the data in other axes (every BERT export's position ids); it runs on
-``_gather_elements_kernel``.
+``_gather_elements_kernel``. onnx.reference's Erf rounds to float32 whatever its input; ``Erf`` and ``Gelu`` keep the
+input's precision (the float64 reference differentiates it). Its Mean fails on broadcasting operands whose first
+is not the largest.
 
 A node runs at its own opset (``Node.version``). onnx.reference implements a few ops only as their newest
 definition, which means something else at older opsets (``REFERENCE_ONLY_SINCE``): such a node is lifted to that
@@ -16,9 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import math
+
 import numpy as np
 from onnx import helper, version_converter
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+from onnx.reference.ops._op import OpRunUnaryNum
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
 from ...ir._core import Node
@@ -105,6 +112,46 @@ class Loop(_ReferenceLoop):
         return tuple(results)
 
 
+class Erf(OpRunUnaryNum):
+    """Erf in the input's precision: onnx.reference computes it in float32 whatever the input (a float64 reference
+    4 % off in central differences of it, and of Gelu, whose function body it runs)."""
+
+    op_domain = ""
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+    def _run(self, x):
+        return (np.asarray(self._erf(x)).astype(x.dtype),)
+
+
+class Gelu(OpRun):
+    """Gelu (opset 20) in the input's precision: onnx.reference runs its function body, whose Erf is float32."""
+
+    op_domain = ""
+
+    def _run(self, x, approximate="none"):
+        wide = np.asarray(x, np.float64)
+        if approximate == "tanh":
+            inner = math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide ** 3)
+            result = 0.5 * wide * (1.0 + np.tanh(inner))
+        else:
+            result = 0.5 * wide * (1.0 + Erf._erf(wide / math.sqrt(2.0)))
+        return (result.astype(x.dtype),)
+
+
+class Mean(OpRun):
+    """Mean of broadcasting operands: onnx.reference adds them into a copy of the first, which fails where the first
+    is the smaller one."""
+
+    op_domain = ""
+
+    def _run(self, *args):
+        return ((np.add.reduce(np.broadcast_arrays(*args)) / len(args)).astype(args[0].dtype),)
+
+
+_OWN_KERNELS = {"Loop": [Loop], "Erf": [Erf], "Gelu": [Gelu], "Mean": [Mean]}
+"""onnx.reference's kernels replaced by ours, by op type."""
+
+
 REFERENCE_ONLY_SINCE: dict[str, tuple[int, bool]] = {
     "Softmax": (13, True), "LogSoftmax": (13, True), "Hardmax": (13, True),   # 13: one axis, no 2-D coercion
     "Resize": (11, True),      # 11 added the roi input before scales
@@ -150,7 +197,7 @@ def standard_kernel(node: Node) -> Callable[..., tuple[np.ndarray | None, ...]]:
     opset = OPSET if node.version is None else node.version
     imports = [helper.make_opsetid(node.domain, opset)] + ([helper.make_opsetid("", OPSET)] if node.domain else [])
     model = _lift(helper.make_model(graph, opset_imports=imports), node, opset)
-    evaluator = ReferenceEvaluator(model, new_ops=[Loop] if node.op_type == "Loop" else None)
+    evaluator = ReferenceEvaluator(model, new_ops=_OWN_KERNELS.get(node.op_type) if node.domain == "" else None)
     wanted = [n for n in outputs if n]
 
     # Dropout before opset 10 gives its mask in the data's type; onnx.reference gives it as bool at every opset

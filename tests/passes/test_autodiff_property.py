@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import geir
+from geir.schemas import get_schema
 from geir.schemas.vjp import vjp_ops
 from geir.testing import reference
 from sparse_attention.helpers import AttentionCase
@@ -138,16 +139,6 @@ def _gather(g: Gen):
     return g.op("Gather", a, g.ints(indices, g.draw(st.sampled_from([np.int64, np.int32]))), axis=axis)
 
 
-def _reduce_sum(g: Gen):
-    a = g.pick()
-    rank = len(a.type.shape)
-    keep = g.draw(st.sampled_from([0, 1]))
-    if rank == 0 or g.draw(st.booleans()):
-        return g.op("ReduceSum", a, keepdims=keep, noop_with_empty_axes=g.draw(st.sampled_from([0, 1])))
-    axes = g.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
-    return g.op("ReduceSum", a, g.ints([ax - rank if g.draw(st.booleans()) else ax for ax in axes]), keepdims=keep)
-
-
 def _as_4d(g: Gen, a):
     """``a`` as (1, S, N, D) with D its last dim (a Reshape when it is not 4-D already)."""
     if len(a.type.shape) == 4:
@@ -249,8 +240,8 @@ def _shape_op(g: Gen, op_type: str):
     if op_type == "Unsqueeze":
         axis = g.draw(st.integers(-(rank + 1), rank)) if rank < 4 else None
         return None if axis is None else g.op("Unsqueeze", a, g.ints([axis]))
-    if op_type == "Softmax":
-        return g.op("Softmax", a, axis=g.draw(st.integers(-rank, rank - 1))) if rank else None
+    if op_type in ("Softmax", "LogSoftmax"):
+        return g.op(op_type, a, axis=g.draw(st.integers(-rank, rank - 1))) if rank else None
     if op_type == "Concat":
         if not rank:
             return None
@@ -266,25 +257,302 @@ def _shape_op(g: Gen, op_type: str):
 
 POSITIVE_ONLY = ("Log", "Sqrt", "Reciprocal")
 """Elementwise ops generated on inputs fed [0.5, 1.5] (their derivatives blow up at 0)."""
+NEWER_OPSETS = {"Gelu": 20, "RMSNormalization": 23}
+"""Standard ops newer than the builder's default opset: added at their own."""
+
+
+def _newer(g: Gen, op_type: str, *inputs, **attrs):
+    """A standard node at the opset that defines it (``b.op`` adds standard ops at geir's default opset)."""
+    g.ops.add(op_type)
+    schema = get_schema(op_type, "", version=NEWER_OPSETS[op_type])
+    return g.b.add_node(schema, list(inputs), attrs)
+
+
+def _positive(g: Gen, shape=None):
+    """An input fed [0.5, 1.5] (a new one of ``shape``, or one there is)."""
+    if shape is None and g.positive and g.draw(st.booleans()):
+        return g.draw(st.sampled_from(g.positive))
+    return g.input(shape if shape is not None else (2, 3))
 
 
 def _elementwise(g: Gen, op_type: str):
     if op_type in POSITIVE_ONLY:
-        a = g.draw(st.sampled_from(g.positive)) if g.positive and g.draw(st.booleans()) else g.input((2, 3))
-        return g.op(op_type, a)
+        return g.op(op_type, _positive(g))
     a = g.pick()
     if op_type == "Exp":     # keep its values where float64 central differences are accurate
         a = g.op("Tanh", a)
+    if op_type == "LeakyRelu":
+        return g.op(op_type, a, alpha=g.draw(st.sampled_from([0.01, 0.2, 1.5])))
+    if op_type == "Gelu":
+        return _newer(g, "Gelu", a, approximate=g.draw(st.sampled_from(["none", "tanh"])))
     return g.op(op_type, a)
 
+
+def _pow(g: Gen):
+    base = _positive(g)
+    kind = g.draw(st.sampled_from(["square", "int", "float", "input"]))
+    if kind == "square":
+        exponent = g.ints(2.0, np.float32)
+    elif kind == "int":
+        exponent = g.ints(g.draw(st.sampled_from([-1, 3])))
+    elif kind == "float":
+        exponent = g.ints(g.rng.uniform(-1.5, 2.5, _broadcast_partner(g, base.type.shape)), np.float32)
+    else:
+        exponent = g.input(_broadcast_partner(g, base.type.shape))     # differentiated too
+    return g.op("Pow", base, exponent)
+
+
+def _clip(g: Gen):
+    a = g.pick()
+    bounds = []
+    for low in (True, False):
+        kind = g.draw(st.sampled_from(["none", "constant", "input"]))
+        if kind == "none":
+            bounds.append(None)
+        elif kind == "constant":
+            bounds.append(g.ints(np.float32(g.rng.uniform(0.3, 0.9) if low else g.rng.uniform(0.8, 1.4)), np.float32))
+        else:
+            bounds.append(g.input(()))
+    return g.op("Clip", a, *bounds)
+
+
+def _variadic(g: Gen, op_type: str):
+    a = g.pick()
+    operands = [a] + [a if g.draw(st.booleans()) and g.draw(st.booleans()) else g.input(_broadcast_partner(g, a.type.shape))
+                      for _ in range(g.draw(st.integers(1, 2)))]
+    return g.op(op_type, *g.draw(st.permutations(operands)))
+
+
+def _where(g: Gen):
+    a = g.pick()
+    other = g.input(_broadcast_partner(g, a.type.shape))
+    condition = g.ints(g.rng.integers(0, 2, _broadcast_partner(g, a.type.shape)).astype(bool), bool)
+    return g.op("Where", condition, *((a, other) if g.draw(st.booleans()) else (other, a)))
+
+
+def _expand(g: Gen):
+    a = g.pick()
+    target = [d if d != 1 else g.draw(st.sampled_from([1, 2, 3])) for d in a.type.shape]
+    if g.draw(st.booleans()) and _size(target) * 2 <= MAX_SIZE and len(target) < 4:
+        target = [2] + target
+    if _size(target) > MAX_SIZE:
+        return None
+    given = [1 if g.draw(st.booleans()) and d == a.type.shape[i - len(target) + len(a.type.shape)] else d
+             for i, d in enumerate(target)] if len(target) == len(a.type.shape) else target
+    return g.op("Expand", a, g.ints(given))
+
+
+def _split(g: Gen):
+    a = g.pick(1)
+    rank = len(a.type.shape)
+    axis = g.draw(st.integers(-rank, rank - 1))
+    size = a.type.shape[axis]
+    if size < 2:
+        return None
+    first = g.draw(st.integers(1, size - 1))
+    pieces = g.op("Split", a, g.ints([first, size - first]), axis=axis)
+    kept = [p for p in pieces if g.draw(st.booleans())] or [pieces[0]]     # a piece nobody reads gets no cotangent
+    g.values.extend(kept[:-1])
+    return kept[-1]
+
+
+def _gemm(g: Gen):
+    a = g.pick(2)
+    if a is None:
+        return None
+    m = a.type.shape[0]
+    k = _size(a.type.shape) // m
+    a2 = g.op("Reshape", a, g.ints([m, k]))
+    trans_a, trans_b = g.draw(st.sampled_from([0, 1])), g.draw(st.sampled_from([0, 1]))
+    if trans_a:
+        a2 = g.op("Transpose", a2, perm=[1, 0])
+    n = g.draw(st.integers(1, 3))
+    b = g.input((n, k) if trans_b else (k, n))
+    c = g.input(g.draw(st.sampled_from([(m, n), (n,), (1, n), (m, 1), ()]))) if g.draw(st.booleans()) else None
+    return g.op("Gemm", a2, b, c, alpha=g.draw(st.sampled_from([1.0, 0.5])), beta=g.draw(st.sampled_from([1.0, 2.0])),
+                transA=trans_a, transB=trans_b)
+
+
+def _gather_nd(g: Gen):
+    a = g.pick(1)
+    shape = a.type.shape
+    k = g.draw(st.integers(1, len(shape)))
+    batch = tuple(g.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+    indices = np.stack([g.rng.integers(-d, d, batch) for d in shape[:k]], axis=-1)
+    return g.op("GatherND", a, g.ints(indices))
+
+
+def _element_indices(g: Gen, shape: tuple, axis: int, distinct: bool):
+    """GatherElements' / ScatterElements' indices: the data's rank, other dims no larger than the data's."""
+    size = shape[axis]
+    dims = [g.draw(st.integers(1, d)) if i != axis else g.draw(st.integers(1, size if distinct else 3))
+            for i, d in enumerate(shape)]
+    if distinct:       # each target written once: a permutation's prefix along the axis
+        order = np.argsort(g.rng.random(tuple(d if i != axis else size for i, d in enumerate(dims))), axis=axis)
+        index = np.take(order, np.arange(dims[axis]), axis=axis)
+        return np.where(g.rng.random(index.shape) < 0.5, index - size, index)
+    return g.rng.integers(-size, size, dims)
+
+
+def _gather_elements(g: Gen):
+    a = g.pick(1)
+    axis = g.draw(st.integers(0, len(a.type.shape) - 1))
+    return g.op("GatherElements", a, g.ints(_element_indices(g, a.type.shape, axis, False)), axis=axis)
+
+
+def _top_k(g: Gen):
+    a = g.pick(1)
+    rank = len(a.type.shape)
+    axis = g.draw(st.integers(-rank, rank - 1))
+    k = g.draw(st.integers(1, a.type.shape[axis]))
+    values, _ = g.op("TopK", a, g.ints([k]), axis=axis, largest=g.draw(st.sampled_from([0, 1])),
+                     sorted=g.draw(st.sampled_from([0, 1])))
+    return values
+
+
+def _scatter(g: Gen, op_type: str):
+    a = g.pick(1)
+    reduction = g.draw(st.sampled_from(["none", "add"]))
+    if op_type == "ScatterElements":
+        axis = g.draw(st.integers(0, len(a.type.shape) - 1))
+        indices = _element_indices(g, a.type.shape, axis, reduction == "none")
+        return g.op(op_type, a, g.ints(indices), g.input(indices.shape), axis=axis, reduction=reduction)
+    shape = a.type.shape
+    k = g.draw(st.integers(1, len(shape)))
+    cells = [np.unravel_index(i, shape[:k]) for i in g.rng.permutation(_size(shape[:k]))]
+    count = g.draw(st.integers(1, len(cells)))
+    chosen = cells[:count] if reduction == "none" else [cells[i] for i in g.rng.integers(0, len(cells), count)]
+    indices = np.asarray(chosen, np.int64).reshape(count, k)
+    return g.op(op_type, a, g.ints(indices), g.input((count,) + tuple(shape[k:])), reduction=reduction)
+
+
+def _tile(g: Gen):
+    a = g.pick(1)
+    repeats = [g.draw(st.integers(1, 2)) for _ in a.type.shape]
+    return g.op("Tile", a, g.ints(repeats)) if _size(a.type.shape) * _size(repeats) <= MAX_SIZE else None
+
+
+def _pad(g: Gen):
+    a = g.pick(1)
+    shape = a.type.shape
+    mode = g.draw(st.sampled_from(["constant", "constant", "reflect", "edge", "wrap"]))
+    rank = len(shape)
+    axes = g.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+
+    def amount(d):         # onnx.reference pads with np.pad, which takes no negative pads (cropping)
+        return g.draw(st.integers(0, min(2, d - 1 if mode == "reflect" else 2)))
+    pads = [amount(shape[ax]) for ax in axes] + [amount(shape[ax]) for ax in axes]
+    if _size(shape) * 4 > MAX_SIZE * 2:
+        return None
+    given_axes = g.ints(axes) if g.draw(st.booleans()) or len(axes) < rank else None
+    if given_axes is None:
+        order = np.argsort(axes)
+        pads = [pads[i] for i in order] + [pads[len(axes) + i] for i in order]
+    value = g.ints(np.float32(0.25), np.float32) if mode == "constant" and g.draw(st.booleans()) else None
+    return g.op("Pad", a, g.ints(pads), value, given_axes, mode=mode)
+
+
+def _trilu(g: Gen):
+    a = g.pick(2)
+    if a is None:
+        return None
+    k = g.ints(g.draw(st.integers(-2, 2))) if g.draw(st.booleans()) else None
+    return g.op("Trilu", a, k, upper=g.draw(st.sampled_from([0, 1])))
+
+
+def _cumsum(g: Gen):
+    a = g.pick(1)
+    rank = len(a.type.shape)
+    return g.op("CumSum", a, g.ints(g.draw(st.integers(-rank, rank - 1))), exclusive=g.draw(st.sampled_from([0, 1])),
+                reverse=g.draw(st.sampled_from([0, 1])))
+
+
+def _einsum(g: Gen):
+    a = g.pick(1)
+    rank = len(a.type.shape)
+    letters = "abcd"[:rank]
+    shared = [ch for ch in letters if g.draw(st.booleans())] or [letters[-1]]
+    other = "".join(shared) + "z"
+    sizes = dict(zip(letters, a.type.shape), z=g.draw(st.integers(1, 3)))
+    pool = sorted(set(letters) | set(other))
+    out = "".join(g.draw(st.permutations([ch for ch in pool if g.draw(st.booleans())])))
+    left = letters
+    if g.draw(st.booleans()) and rank > 1:          # an ellipsis for a's leading dims, kept in the output
+        lead = letters[:-1]
+        left = "..." + letters[-1]
+        other = "".join(ch for ch in other if ch not in lead) or "z"
+        out = "..." + "".join(ch for ch in out if ch not in lead)
+    equation = f"{left},{other}->{out}" if g.draw(st.sampled_from([True, True, False])) else f"{left},{other}"
+    b = g.input(tuple(sizes[ch] for ch in other))
+    return g.op("Einsum", a, b, equation=equation)
+
+
+def _layer_norm(g: Gen, op_type: str):
+    a = g.pick(1)
+    rank = len(a.type.shape)
+    axis = g.draw(st.integers(-rank, rank - 1))
+    normalized = a.type.shape[axis:]
+    if _size(normalized) < 2:
+        return None
+    scale = g.input(normalized)      # onnx.reference normalises with a scale of the normalized shape only
+    eps = g.draw(st.sampled_from([1e-5, 0.1]))
+    if op_type == "RMSNormalization":
+        return _newer(g, op_type, a, scale, axis=axis, epsilon=eps)
+    bias = g.input(normalized) if g.draw(st.booleans()) else None
+    statistics = g.draw(st.booleans())
+    results = g.op(op_type, a, scale, bias, axis=axis, epsilon=eps, outputs=3 if statistics else 1)
+    if statistics:
+        g.values.extend(v for v in results[1:] if g.draw(st.booleans()))
+        return results[0]
+    return results
+
+
+def _batch_norm(g: Gen):
+    a = g.pick(2)
+    if a is None:
+        return None
+    c = a.type.shape[1]
+    scale, bias, mean = (g.input((c,)) for _ in range(3))
+    return g.op("BatchNormalization", a, scale, bias, mean, _positive(g, (c,)), epsilon=1e-2, outputs=1)
+
+
+def _dropout(g: Gen):
+    a = g.pick()
+    training = g.draw(st.booleans())
+    ratio = g.ints(np.float32(g.draw(st.sampled_from([0.0, 0.3]))), np.float32)
+    out = g.op("Dropout", a, ratio, g.ints(np.bool_(training), bool), seed=g.draw(st.integers(0, 9)),
+               outputs=g.draw(st.sampled_from([1, 2])))
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _reduce(g: Gen, op_type: str):
+    a = g.pick()
+    rank = len(a.type.shape)
+    keep = g.draw(st.sampled_from([0, 1]))
+    if rank == 0 or g.draw(st.booleans()):
+        return g.op(op_type, a, keepdims=keep, noop_with_empty_axes=g.draw(st.sampled_from([0, 1])))
+    axes = g.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+    return g.op(op_type, a, g.ints([ax - rank if g.draw(st.booleans()) else ax for ax in axes]), keepdims=keep)
+
+
+REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceMax",
+              "ReduceMin", "ReduceProd")
 
 BUILDERS: dict[str, Callable] = {
     **{op: (lambda g, op=op: _binary(g, op)) for op in ("Add", "Sub", "Mul", "Div")},
     **{op: (lambda g, op=op: _elementwise(g, op)) for op in ("Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Sigmoid",
-                                                             "Relu", "Abs")},
+                                                             "Relu", "Abs", "LeakyRelu", "Erf", "Gelu", "Softplus",
+                                                             "Sin", "Cos", "Sign", "Floor", "Ceil", "Round")},
     **{op: (lambda g, op=op: _shape_op(g, op)) for op in ("Neg", "Identity", "Transpose", "Reshape", "Flatten",
-                                                          "Squeeze", "Unsqueeze", "Softmax", "Concat")},
-    "MatMul": _matmul, "Slice": _slice, "Gather": _gather, "ReduceSum": _reduce_sum, "Cast": _cast,
+                                                          "Squeeze", "Unsqueeze", "Softmax", "LogSoftmax", "Concat")},
+    **{op: (lambda g, op=op: _variadic(g, op)) for op in ("Max", "Min", "Sum", "Mean")},
+    **{op: (lambda g, op=op: _reduce(g, op)) for op in REDUCTIONS},
+    **{op: (lambda g, op=op: _scatter(g, op)) for op in ("ScatterElements", "ScatterND")},
+    **{op: (lambda g, op=op: _layer_norm(g, op)) for op in ("LayerNormalization", "RMSNormalization")},
+    "MatMul": _matmul, "Slice": _slice, "Gather": _gather, "Cast": _cast, "Pow": _pow, "Clip": _clip,
+    "Where": _where, "Expand": _expand, "Split": _split, "Gemm": _gemm, "GatherND": _gather_nd,
+    "GatherElements": _gather_elements, "TopK": _top_k, "Tile": _tile, "Pad": _pad, "Trilu": _trilu,
+    "CumSum": _cumsum, "Einsum": _einsum, "BatchNormalization": _batch_norm, "Dropout": _dropout,
     "InplacePartialRotaryMul": lambda g: _rotary(g, "InplacePartialRotaryMul"),
     "InplacePartialRotaryMulGrad": lambda g: _rotary(g, "InplacePartialRotaryMulGrad"),
     "MoeTokenUnpermute": lambda g: _moe(g, "MoeTokenUnpermute"),
