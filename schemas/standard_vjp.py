@@ -122,17 +122,25 @@ for _op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten"):
 
 @register_vjp("Concat", STANDARD)
 def _concat(ctx, node, grads):
+    """Each input's part of the cotangent; where a size on the axis is a symbol, the bounds are computed from the
+    shapes at run time."""
     g = grads[0]
     rank = len(node.outputs[0].type.shape)
     axis = int(node.attributes["axis"]) % rank
     pieces, start = [], 0
     for value in node.inputs:
         size = value.type.shape[axis]
-        if not isinstance(size, int):
-            raise GraphError(f"geir.grad: Concat '{node.name}': input '{value.name}' has a symbolic size on the "
-                             f"concatenated axis", node=node.name)
-        pieces.append(ctx.op("Slice", g, ctx.ints([start]), ctx.ints([start + size]), ctx.ints([axis])))
-        start += size
+        if isinstance(size, int) and isinstance(start, int):
+            end = start + size
+            bounds = ctx.ints([start]), ctx.ints([end])
+        else:
+            size_value = ctx.ints([size]) if isinstance(size, int) else \
+                ctx.op("Gather", ctx.op("Shape", ctx.new(value)), ctx.ints([axis]))
+            first = ctx.ints([start]) if isinstance(start, int) else start
+            end = ctx.op("Add", first, size_value)
+            bounds = first, end
+        pieces.append(ctx.op("Slice", g, *bounds, ctx.ints([axis])))
+        start = end
     return pieces
 
 
@@ -176,16 +184,38 @@ def place_along(ctx, g, axis: int, sources: list[int], size: int):
     return ctx.op("Transpose", placed, perm=[perm.index(i) for i in range(rank)])
 
 
+def _optional_constant(ctx, node, index: int, what: str) -> list[int] | None:
+    value = node.inputs[index] if len(node.inputs) > index else None
+    return None if value is None else constant_ints(ctx, value, what, node)
+
+
+def _is_constant(ctx, node, index: int) -> bool:
+    return len(node.inputs) <= index or node.inputs[index] is None or ctx.constant_of(node.inputs[index]) is not None
+
+
 @register_vjp("Slice", STANDARD)
 def _slice(ctx, node, grads):
+    """Constant bounds on static sliced axes: each read position placed (any step). Bounds computed in the graph or
+    axes of symbolic size (exports with dynamic shapes): a unit-step slice is a window, and its cotangent is padded
+    back by amounts computed from the shapes at run time with ONNX's clamping."""
     x = node.inputs[0]
-    shape = static_shape(x, "its input", node)
+    rank = len(x.type.shape)
+    axes = _optional_constant(ctx, node, 3, "axes")
+    steps = _optional_constant(ctx, node, 4, "steps")
+    known = _is_constant(ctx, node, 1) and _is_constant(ctx, node, 2)
+    count = len(axes) if axes is not None else (len(constant_ints(ctx, node.inputs[1], "starts", node)) if known
+                                                else node.inputs[1].type.shape[0])
+    given = axes if axes is not None else range(count if isinstance(count, int) else 0)
+    sliced = {a % rank for a in given if -rank <= a < rank}
+    if not known or any(not isinstance(x.type.shape[a], int) for a in sliced):
+        if steps is not None and any(k != 1 for k in steps) or not isinstance(count, int):
+            raise GraphError(f"geir.grad: Slice '{node.name}': bounds computed in the graph or a sliced axis of "
+                             f"symbolic size are differentiated with unit steps and a known number of axes only "
+                             f"(steps {steps}, input {list(x.type.shape)})", node=node.name)
+        return [_window_back(ctx, node, grads[0], list(given))] + [None] * (len(node.inputs) - 1)
     starts = constant_ints(ctx, node.inputs[1], "starts", node)
     ends = constant_ints(ctx, node.inputs[2], "ends", node)
-    axes = constant_ints(ctx, node.inputs[3], "axes", node) if len(node.inputs) > 3 and node.inputs[3] is not None \
-        else None
-    steps = constant_ints(ctx, node.inputs[4], "steps", node) if len(node.inputs) > 4 and node.inputs[4] is not None \
-        else None
+    shape = tuple(d if isinstance(d, int) else 0 for d in x.type.shape)    # the other axes are not read
     try:
         chosen = slice_positions(shape, starts, ends, axes, steps)      # ONNX's clamping, as the runtimes slice
     except SliceError as exc:
@@ -202,6 +232,21 @@ def _slice(ctx, node, grads):
     return [g] + [None] * (len(node.inputs) - 1)
 
 
+def _window_back(ctx, node, g, axes: list[int]):
+    """The cotangent of a unit-step Slice's input: the output's cotangent padded with zeros before (the clamped start)
+    and after (what is left) along each sliced axis, both computed at run time."""
+    x = ctx.new(node.inputs[0])
+    rank = len(x.type.shape)
+    axes_value = ctx.ints([a % rank for a in axes])
+    dims = ctx.op("Gather", ctx.op("Shape", x), axes_value)
+    start = ctx.op("Cast", ctx.new(node.inputs[1]), to=7)
+    start = ctx.op("Where", ctx.op("Less", start, ctx.ints([0])), ctx.op("Add", start, dims), start)
+    start = ctx.op("Max", ctx.op("Min", start, dims), ctx.ints([0]))
+    taken = ctx.op("Gather", ctx.op("Shape", g), axes_value)
+    after = ctx.op("Sub", ctx.op("Sub", dims, start), taken)
+    return ctx.op("Pad", g, ctx.op("Concat", start, after, axis=0), None, axes_value)
+
+
 def scalar(ctx, like, number: float):
     """A 0-d constant of ``like``'s dtype (broadcasts against any shape)."""
     return ctx.const(np.asarray(number, like.type.dtype.numpy), "scalar")
@@ -215,26 +260,45 @@ def wrapped_indices(ctx, indices, size):
     return ctx.op("Where", ctx.op("Less", idx, ctx.ints([0])), ctx.op("Add", idx, bound), idx)
 
 
-def place_rows(ctx, g, flat, size: int, shape: tuple[int, ...], axis: int):
-    """The cotangent of a tensor of static ``shape`` whose rows along ``axis`` were read at the int64 positions
-    ``flat`` (a (count, 1) value, each in [0, size)), given ``g``, the cotangent of what was read (its elements in the
-    order before x count x after): a one-hot product, summed where a row was read more than once."""
-    before, after = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
-    count = flat.type.shape[0]
-    positions = ctx.const(np.arange(size, dtype=np.int64).reshape(1, size), "positions")
+def place_rows(ctx, g, flat, target, axis: int):
+    """The cotangent of a tensor of shape ``target`` (a static tuple, or a new-graph value whose shape it is, known at
+    run time) whose rows along ``axis`` were read at the int64 positions ``flat`` (a (count, 1) value, each in
+    [0, size)), given ``g``, the cotangent of what was read (its elements in the order before x count x after): a
+    one-hot product, summed where a row was read more than once."""
+    count = flat.type.shape[0] if isinstance(flat.type.shape[0], int) else -1    # a count known at run time only
+    if isinstance(target, tuple):
+        before, size, after = int(np.prod(target[:axis])), target[axis], int(np.prod(target[axis + 1:]))
+        positions = ctx.const(np.arange(size, dtype=np.int64).reshape(1, size), "positions")
+        blocks, shape = ctx.ints([before, count, after]), ctx.ints(target)
+    else:
+        shape = ctx.op("Shape", target)
+        rank = len(target.type.shape)
+
+        def product(start: int, end: int):
+            return ctx.op("ReduceProd", ctx.op("Slice", shape, ctx.ints([start]), ctx.ints([end])), keepdims=1)
+        size = ctx.op("Slice", shape, ctx.ints([axis]), ctx.ints([axis + 1]))
+        zero, one = ctx.const(np.array(0, np.int64), "zero"), ctx.const(np.array(1, np.int64), "one")
+        positions = ctx.op("Unsqueeze", ctx.op("Range", zero, ctx.op("Squeeze", size, ctx.ints([0])), one),
+                           ctx.ints([0]))
+        blocks = ctx.op("Concat", product(0, axis), ctx.ints([count]), product(axis + 1, rank), axis=0)
     onehot = ctx.op("Cast", ctx.op("Equal", flat, positions), to=g.type.dtype.onnx)       # (count, size)
-    rows = ctx.op("Reshape", g, ctx.ints([before, count, after]))
+    rows = ctx.op("Reshape", g, blocks)
     spread = ctx.op("Transpose", onehot, perm=[1, 0])
     placed = one_hot_sum(ctx, lambda v: ctx.op("MatMul", spread, v), rows)              # (before, size, after)
-    return ctx.op("Reshape", placed, ctx.ints(shape))
+    return ctx.op("Reshape", placed, shape)
 
 
 @register_vjp("Gather", STANDARD)
 def _gather(ctx, node, grads):
+    """The cotangent placed back at the rows read (shapes known at run time where the types have symbols)."""
     data, indices = node.inputs
-    shape = static_shape(data, "its data", node)
-    index_shape = static_shape(indices, "its indices", node)
-    axis = int(node.attributes.get("axis", 0)) % len(shape)
-    count = int(np.prod(index_shape))
-    flat = wrapped_indices(ctx, ctx.op("Reshape", ctx.new(indices), ctx.ints([count, 1])), shape[axis])
-    return [place_rows(ctx, grads[0], flat, shape[axis], shape, axis), None]
+    rank = len(data.type.shape)
+    axis = int(node.attributes.get("axis", 0)) % rank
+    count = int(np.prod(indices.type.shape)) if indices.type.is_static else -1     # (NonZero's, say)
+    if data.type.is_static:
+        target, size = tuple(data.type.shape), data.type.shape[axis]
+    else:
+        target = ctx.new(data)
+        size = ctx.op("Gather", ctx.op("Shape", target), ctx.ints([axis]))
+    flat = wrapped_indices(ctx, ctx.op("Reshape", ctx.new(indices), ctx.ints([count, 1])), size)
+    return [place_rows(ctx, grads[0], flat, target, axis), None]

@@ -105,7 +105,7 @@ def _gather_nd(ctx, node, grads):
     rows, k = _flat_nd_indices(ctx, node, ctx.new(node.inputs[1]), shape)
     size = int(np.prod(shape[:k]))
     table = (size,) + shape[k:]
-    placed = place_rows(ctx, grads[0], rows, size, table, 0)
+    placed = place_rows(ctx, grads[0], rows, table, 0)
     return [ctx.op("Reshape", placed, ctx.ints(shape)), None]
 
 
@@ -157,13 +157,22 @@ def _expand(ctx, node, grads):
 
 @register_vjp("Tile", STANDARD)
 def _tile(ctx, node, grads):
-    """Each copy's cotangent summed: the output seen as (r0, d0, r1, d1, ...) reduced over the r axes."""
-    shape = static_shape(node.inputs[0], "its input", node)
-    repeats = constant_ints(ctx, node.inputs[1], "repeats", node)
-    interleaved = [n for pair in zip(repeats, shape) for n in pair]
-    g = ctx.op("Reshape", grads[0], ctx.ints(interleaved))
-    summed = ctx.op("ReduceSum", g, ctx.ints(list(range(0, 2 * len(shape), 2))), keepdims=0) if shape else g
-    return [summed, None]
+    """Each copy's cotangent summed: the output seen as (r0, d0, r1, d1, ...) reduced over the r axes (that shape
+    computed at run time where the input's shape or the repeats are not known)."""
+    x = node.inputs[0]
+    rank = len(x.type.shape)
+    if rank == 0:
+        return [grads[0], None]
+    repeats = ctx.constant_of(node.inputs[1])
+    if x.type.is_static and repeats is not None:
+        interleaved = ctx.ints([n for pair in zip(np.asarray(repeats).reshape(-1).tolist(), x.type.shape)
+                                for n in pair])
+    else:
+        pairs = [ctx.op("Unsqueeze", ctx.op("Cast", ctx.new(node.inputs[1]), to=7), ctx.ints([1])),
+                 ctx.op("Unsqueeze", ctx.op("Shape", ctx.new(x)), ctx.ints([1]))]
+        interleaved = ctx.op("Reshape", ctx.op("Concat", *pairs, axis=1), ctx.ints([2 * rank]))
+    g = ctx.op("Reshape", grads[0], interleaved)
+    return [ctx.op("ReduceSum", g, ctx.ints(list(range(0, 2 * rank, 2))), keepdims=0), None]
 
 
 def _pad_amounts(ctx, node, rank: int) -> list[int]:

@@ -15,7 +15,7 @@ import geir
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 def _bert() -> torch.nn.Module:
