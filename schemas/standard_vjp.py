@@ -7,8 +7,9 @@ ReduceSum, Softmax; the helpers the other rule modules share. The elementwise fu
 or repeat elements in ``standard_vjp_index``, normalizations and dropout in ``standard_vjp_norm``. Index-like
 operands (shapes, axes, indices) get no cotangent; an op whose outputs are integers or booleans (comparisons,
 Shape, ArgMax, NonZero) passes none on and needs no rule. Scatter-adds are never used: the cotangents of Gather,
-GatherND, GatherElements, TopK and strided Slice are one-hot products, deterministic on every runtime (ONNX Runtime's ScatterND with reduction races on repeated targets), with non-finite cotangents
-placed by indicators so that a one-hot zero never meets them (``one_hot_sum``).
+GatherND, GatherElements, TopK and strided Slice are one-hot products, deterministic on every runtime (ONNX
+Runtime's ScatterND with reduction races on repeated targets), with non-finite cotangents placed by indicators so
+that a one-hot zero never meets them (``one_hot_sum``).
 """
 
 from __future__ import annotations

@@ -93,14 +93,16 @@ GELU_TANH_COEFFICIENT = 0.044715
 
 @register_vjp("Gelu", STANDARD)
 def _gelu(ctx, node, grads):
-    """Exact: Phi(x) + x phi(x). Tanh: with u = k (x + c x^3), d = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) k (1 + 3 c x^2),
-    k = sqrt(2 / pi), c = 0.044715 (ONNX's and torch's approximation)."""
+    """Exact: Phi(x) + x phi(x). Tanh: with u = k (x + c x^3),
+    d = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) k (1 + 3 c x^2), k = sqrt(2 / pi), c = 0.044715 (ONNX's and torch's
+    approximation)."""
     x, g = ctx.new(node.inputs[0]), grads[0]
     half, one = scalar(ctx, x, 0.5), scalar(ctx, x, 1.0)
     if node.attributes.get("approximate", "none") == "tanh":
         k, c = math.sqrt(2.0 / math.pi), GELU_TANH_COEFFICIENT
         x2 = ctx.op("Mul", x, x)
-        inner = ctx.op("Mul", scalar(ctx, x, k), ctx.op("Add", x, ctx.op("Mul", scalar(ctx, x, c), ctx.op("Mul", x2, x))))
+        cubic = ctx.op("Mul", scalar(ctx, x, c), ctx.op("Mul", x2, x))
+        inner = ctx.op("Mul", scalar(ctx, x, k), ctx.op("Add", x, cubic))
         t = ctx.op("Tanh", inner)
         left = ctx.op("Mul", half, ctx.op("Add", one, t))
         slope = ctx.op("Mul", scalar(ctx, x, k), ctx.op("Add", one, ctx.op("Mul", scalar(ctx, x, 3 * c), x2)))
@@ -108,7 +110,8 @@ def _gelu(ctx, node, grads):
         return [ctx.op("Mul", g, ctx.op("Add", left, right))]
     cdf = ctx.op("Mul", half, ctx.op("Add", one, ctx.op("Erf", ctx.op("Mul", x, scalar(ctx, x, 1 / math.sqrt(2.0))))))
     x2 = ctx.op("Mul", x, x)
-    pdf = ctx.op("Mul", ctx.op("Exp", ctx.op("Mul", x2, scalar(ctx, x, -0.5))), scalar(ctx, x, 1 / math.sqrt(2 * math.pi)))
+    bell = ctx.op("Exp", ctx.op("Mul", x2, scalar(ctx, x, -0.5)))
+    pdf = ctx.op("Mul", bell, scalar(ctx, x, 1 / math.sqrt(2 * math.pi)))
     return [ctx.op("Mul", g, ctx.op("Add", cdf, ctx.op("Mul", x, pdf)))]
 
 

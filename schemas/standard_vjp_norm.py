@@ -75,7 +75,8 @@ def _layer_norm(ctx, node, grads):
     else:
         mean = _mean(ctx, xc, axes)
         centred = ctx.op("Sub", xc, mean)
-        rstd = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", _mean(ctx, ctx.op("Mul", centred, centred), axes), eps)))
+        variance = _mean(ctx, ctx.op("Mul", centred, centred), axes)
+        rstd = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", variance, eps)))
     xhat = ctx.op("Mul", centred, rstd)
     g = grads[0]
     dx = None
@@ -178,7 +179,7 @@ def _dropout_rewrite(ctx, node, inputs):
     result = ctx.b.add_node(schema, inputs, dict(node.attributes), name=node.name,
                             output_names=[node.outputs[0].name, ctx.fresh("dropout_mask")], location=node.location)
     ctx.state[id(node)] = result[1]
-    return (result[0],)
+    return (result[0],) + (None,) * (len(node.outputs) - 1)
 
 
 @register_vjp("Dropout", STANDARD, rewrite=_dropout_rewrite)

@@ -318,8 +318,8 @@ def _clip(g: Gen):
 
 def _variadic(g: Gen, op_type: str):
     a = g.pick()
-    operands = [a] + [a if g.draw(st.booleans()) and g.draw(st.booleans()) else g.input(_broadcast_partner(g, a.type.shape))
-                      for _ in range(g.draw(st.integers(1, 2)))]
+    operands = [a] + [a if g.draw(st.booleans()) and g.draw(st.booleans())
+                      else g.input(_broadcast_partner(g, a.type.shape)) for _ in range(g.draw(st.integers(1, 2)))]
     return g.op(op_type, *g.draw(st.permutations(operands)))
 
 

@@ -1,7 +1,8 @@
 """geir.grad of whole transformers that nobody here wrote: tiny Hugging Face models (random weights from configs,
 no hub), exported by both of torch's ONNX exporters (TorchScript at opset 17, dynamo at opset 18), static and with
 dynamic batch and sequence, differentiated with respect to their input embeddings and checked against
-torch.autograd on both runtimes (and, where the model computes in float64 throughout, against float64 central differences).
+torch.autograd on both runtimes (and, where the model computes in float64 throughout, against float64 central
+differences).
 
 Needs torch, transformers and onnxscript (``pip install -e ".[test,models]"``); skips, saying which is missing,
 without them. Marked slow and models: ``.ci/run`` installs the extra and runs ``pytest -m models``.
