@@ -112,10 +112,16 @@ class GraphView:
             return None
         return [int(v) for v in array.reshape(-1)]
 
-    def folded(self, value: Any, depth: int = 0) -> np.ndarray | None:
-        """The int64 contents of a small shape computation (Shape of a static value, Slice, Concat, Gather,
-        Unsqueeze, Squeeze, Cast over constants), as exporters write ``flatten``'s target: folded here, since
-        type inference leaves such a Reshape's dims symbolic. None when it depends on data."""
+    def folded(self, value: Any) -> np.ndarray | None:
+        """The int64 contents of a small shape computation (Shape, Slice, Concat, Gather, Unsqueeze, Squeeze, Cast,
+        and integer Add, Sub, Mul, Div over constants), as exporters write ``flatten``'s target and the bounds of
+        ``x[..., :d // 2]``: folded here, since type inference leaves such values symbolic. A Shape of a value with
+        symbolic dims folds as far as only its static dims are read. None when it depends on data or a symbol."""
+        array = self._fold(value, 0)
+        return None if array is None or (array == _SYMBOLIC).any() else array
+
+    def _fold(self, value: Any, depth: int) -> np.ndarray | None:
+        """``folded``'s work: symbolic dims are ``_SYMBOLIC`` in the arrays moved around, never computed with."""
         array = self.constant(value)
         if array is not None:
             return array.astype(np.int64) if array.dtype.kind in "iu" else None
@@ -123,11 +129,16 @@ class GraphView:
         if node is None or node.domain != "" or depth > 8:
             return None
         if node.op_type == "Shape":
-            return np.array(node.inputs[0].type.shape, np.int64) if node.inputs[0].type.is_static and not \
-                node.attributes.get("start") and node.attributes.get("end") is None else None
-        parts = [None if v is None else self.folded(v, depth + 1) for v in node.inputs]
+            dims = np.array([d if isinstance(d, int) else _SYMBOLIC for d in node.inputs[0].type.shape], np.int64)
+            start, end = node.attributes.get("start"), node.attributes.get("end")
+            return dims[slice(None if start is None else int(start), None if end is None else int(end))]
+        parts = [None if v is None else self._fold(v, depth + 1) for v in node.inputs]
         if any(p is None and v is not None for p, v in zip(parts, node.inputs)):
             return None
+        if node.op_type in _ARITHMETIC:
+            if any((p == _SYMBOLIC).any() for p in parts):
+                return None
+            return _ARITHMETIC[node.op_type](*parts)
         if node.op_type == "Concat":
             return np.concatenate(parts, axis=int(node.attributes["axis"]))
         if node.op_type == "Cast":
@@ -191,7 +202,7 @@ class GraphView:
         if node is None:
             return None
         source = node.inputs[0]
-        starts, ends = self.ints(node.inputs[1]), self.ints(node.inputs[2])
+        starts, ends = self._folded_ints(node.inputs[1]), self._folded_ints(node.inputs[2])   # (x[..., :d // 2])
         axes = self.ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
         steps = self.ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
         if None in (starts, ends, axes, steps) or not len(starts) == len(ends) == len(axes) == len(steps) == 1:
@@ -207,8 +218,28 @@ class GraphView:
             return None
         return source, axis, read.start, read.stop, read.step
 
+    def _folded_ints(self, value: Any) -> list[int] | None:
+        array = self.folded(value)
+        return None if array is None else [int(v) for v in array.reshape(-1)]
+
     def last_axis(self, value: Any, axis: int) -> bool:
         return axis % len(value.type.shape) == len(value.type.shape) - 1
+
+
+_SYMBOLIC = np.iinfo(np.int64).min
+"""A symbolic dim inside a folded shape computation (moved by Gather, Slice, Concat; never computed with)."""
+
+
+def _integer_division(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """ONNX's integer Div (truncating toward zero, as C does); None on a division by zero."""
+    if (b == 0).any():
+        return None
+    return (np.abs(a) // np.abs(b)) * np.sign(a) * np.sign(b)
+
+
+_ARITHMETIC: dict[str, Callable[..., np.ndarray | None]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _integer_division,
+}
 
 
 def normalised_ids(array: np.ndarray, size: int) -> np.ndarray:

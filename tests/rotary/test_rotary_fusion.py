@@ -70,3 +70,36 @@ def test_a_match_the_op_refuses_is_a_near_miss():
     fused, report = geir.fuse(b.build())
     assert [m.pattern for m in report.near_misses] == [] or all("refused" in m.reason for m in report.near_misses)
     assert [n.op_type for n in fused.nodes][-1] == "InplacePartialRotaryMul"
+
+
+def _computed_bounds_rope(batch, seq):
+    """TorchScript's rotate_half: ``x[..., : x.shape[-1] // 2]``, bounds computed by Shape, Gather and Div."""
+    b = geir.GraphBuilder("computed_bounds")
+    x = b.input("x", "float32", (batch, seq, 3, 8))
+    cos = b.input("cos", "float32", (1, seq, 1, 8))
+    sin = b.input("sin", "float32", (1, seq, 1, 8))
+    width = b.op("Gather", b.op("Shape", x), ints(b, [3], "last"))
+    half = b.op("Div", width, ints(b, [2], "two"))
+    first = b.op("Slice", x, ints(b, [0], "zero"), half, ints(b, [3], "axis"))
+    second = b.op("Slice", x, half, ints(b, [BIG], "end"), ints(b, [3], "axis2"))
+    rotated = b.op("Concat", b.op("Neg", second), first, axis=-1)
+    b.output(b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin)), "y")
+    return b.build()
+
+
+def test_halves_sliced_at_bounds_computed_from_the_shape_fuse():
+    """The bounds fold where the dims they read are static; the rope fuses."""
+    original = _computed_bounds_rope(2, 4)
+    fused, report = geir.fuse(original)
+    assert [n.op_type for n in fused.nodes] == ["InplacePartialRotaryMul"], report
+    assert list(fused.nodes[0].attributes["partial_slice"]) == [0, 8]
+    assert_same_function(original, fused)
+
+
+def test_computed_bounds_on_symbolic_batch_and_sequence_are_a_near_miss_not_a_silent_one():
+    """With symbolic batch and sequence the halves still fold (they read the static head dim), so the rope is found;
+    the sliced values' types lost the symbols, so the fused op's output type would differ: a near miss saying so."""
+    original = _computed_bounds_rope("b", "s")
+    fused, report = geir.fuse(original)
+    assert [n.op_type for n in fused.nodes] == [n.op_type for n in original.nodes]
+    assert len(report.near_misses) == 1 and "would give float32[b,s,3,8]" in report.near_misses[0].reason
