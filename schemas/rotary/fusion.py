@@ -6,6 +6,9 @@
   Slice, Unsqueeze, Concat and Reshape) -> mode 1;
 - partial (a rope on a slice of the head dim, the rest passed through: ``cat(x[..., :s], rope(x[..., s:e]),
   x[..., e:])``, MLA's rope part) -> the same op on x with partial_slice [s, e];
+- half-width tables (GPT-OSS, DeepSeek-V3's ``rope_interleave``: ``cat(a * c - b * s, b * c + a * s)`` with c, s of
+  half the width): a, b the halves of x (Split or Slice) -> mode 0, x's even and odd elements (``x[..., 0::2]``,
+  ``x[..., 1::2]``) -> mode 3 (interleave-half), the tables given to the op duplicated (``cat(c, c)``);
 - half backward (``dy * cos + cat((dy * sin)[..., h:], -(dy * sin)[..., :h])``, the transpose of the half
   forward) -> InplacePartialRotaryMulGrad, mode 0; interleaved backward (``dy * cos + stack((dy * sin)[..., 1::2],
   -(dy * sin)[..., 0::2], -1)`` flattened) -> mode 1.
@@ -186,6 +189,74 @@ def _partial(view: GraphView, concat):
     return Match(FORWARD.op_type, [x, rope.inputs[1], rope.inputs[2]],
                  {"rotary_mode": rope.attributes["rotary_mode"], "partial_slice": [start, stop]}, concat.outputs[0],
                  nodes)
+
+
+def _even_odd(view: GraphView, first, second):
+    """(x, nodes) when ``first`` is x[..., 0::2] and ``second`` x[..., 1::2] of one x of even static last dim."""
+    a, b = view.slice_of(first), view.slice_of(second)
+    if a is None or b is None or a[0] is not b[0]:
+        return None
+    x, axis, start_a, stop_a, step_a = a
+    d = x.type.shape[-1]
+    if not (view.last_axis(x, axis) and axis == b[1] and isinstance(d, int) and d % 2 == 0):
+        return None
+    if (start_a, step_a, b[2], b[4]) != (0, 2, 1, 2) or len(range(*a[2:])) != d // 2 or len(range(*b[2:])) != d // 2:
+        return None
+    return x, [first.producer, second.producer]
+
+
+def _duplicated(builder, table, name: str):
+    """A half-width table as the op takes it: the same values for both halves of the rotated width."""
+    return builder.op("Concat", table, table, axis=-1, name=name)
+
+
+def _products(view: GraphView, node):
+    """The two Mul nodes ``node`` (a Sub or an Add) combines, else None."""
+    muls = [view.producer(v, "Mul") for v in node.inputs]
+    return None if None in muls else muls
+
+
+def _factor_pairs(mul):
+    """Both readings (value, table) of a Mul's two operands."""
+    return [(mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])]
+
+
+@register_pattern("rotary half-width tables (cat(a * c - b * s, b * c + a * s))", "Concat")
+def _half_width(view: GraphView, concat):
+    if len(concat.inputs) != 2 or not view.last_axis(concat.outputs[0], int(concat.attributes["axis"])):
+        return None
+    sub, add = view.producer(concat.inputs[0], "Sub"), view.producer(concat.inputs[1], "Add")
+    pair = _products(view, sub) if sub is not None else None
+    terms = _products(view, add) if add is not None else None
+    if pair is None or terms is None:
+        return None
+    first, second = pair
+    combined = [{id(v) for v in m.inputs} for m in terms]
+    shaped = False
+    for a, c in _factor_pairs(first):
+        for b, s in _factor_pairs(second):
+            if {id(b), id(c)} not in combined or {id(a), id(s)} not in combined or combined[0] == combined[1]:
+                continue
+            shaped = True
+            for pairing, mode in ((_halves, 0), (_even_odd, 3)):
+                found = pairing(view, a, b)
+                if found is None:
+                    continue
+                x, nodes = found
+                d = x.type.shape[-1]
+                miss = _tables_rank_4(x, c, s)
+                if miss is not None:
+                    return miss
+                if c.type.shape[-1] != d // 2 or s.type.shape[-1] != d // 2:
+                    return NearMiss(f"the tables' last dims are {c.type.shape[-1]} and {s.type.shape[-1]}, not half "
+                                    f"of x's {d}: they cannot be duplicated to the rotated width")
+                return Match(FORWARD.op_type, [x, c, s], {"rotary_mode": mode, "partial_slice": [0, d]},
+                             concat.outputs[0], [concat, sub, add, first, second, *terms, *nodes],
+                             transforms={1: _duplicated, 2: _duplicated})
+    if shaped:
+        return NearMiss("the products do not read the two halves, or the even and odd elements, of one tensor's "
+                        "last axis")
+    return None
 
 
 @register_pattern("rotary half backward (dy * cos + cat((dy * sin)[..., h:], -(dy * sin)[..., :h]))", "Add")

@@ -103,3 +103,41 @@ def test_computed_bounds_on_symbolic_batch_and_sequence_are_a_near_miss_not_a_si
     fused, report = geir.fuse(original)
     assert [n.op_type for n in fused.nodes] == [n.op_type for n in original.nodes]
     assert len(report.near_misses) == 1 and "would give float32[b,s,3,8]" in report.near_misses[0].reason
+
+
+def _half_width_rope(pairing: str, table_width: int = 4):
+    """GPT-OSS (halves by Split) and DeepSeek-V3's rope_interleave (even and odd elements by strided Slice):
+    ``cat(a * c - b * s, b * c + a * s)`` with tables of half the head dim, products in the exporters' orders."""
+    b = geir.GraphBuilder(f"half_width_{pairing}")
+    x = b.input("x", "float32", (2, 4, 3, 8))
+    cos = b.input("cos", "float32", (1, 4, 1, table_width))
+    sin = b.input("sin", "float32", (1, 4, 1, table_width))
+    if pairing == "split":
+        first, second = b.op("Split", x, ints(b, [4, 4], "sizes"), axis=-1)
+    else:
+        first = onnx_slice(b, x, 0, BIG, step=2)
+        second = onnx_slice(b, x, 1, BIG, step=2)
+    low = b.op("Sub", b.op("Mul", first, cos), b.op("Mul", second, sin))
+    high = b.op("Add", b.op("Mul", sin, first), b.op("Mul", second, cos))
+    b.output(b.op("Concat", low, high, axis=-1), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("pairing, mode", [("split", 0), ("even_odd", 3)])
+def test_half_width_tables_fuse_with_the_tables_duplicated(pairing, mode):
+    original = _half_width_rope(pairing)
+    fused, report = geir.fuse(original)
+    ops = [n.op_type for n in fused.nodes]
+    assert ops.count("InplacePartialRotaryMul") == 1 and set(ops) == {"InplacePartialRotaryMul", "Concat"}, report
+    node = next(n for n in fused.nodes if n.op_type == "InplacePartialRotaryMul")
+    assert node.attributes["rotary_mode"] == mode and list(node.attributes["partial_slice"]) == [0, 8]
+    assert [f.pattern.split(" (")[0] for f in report.fused] == ["rotary half-width tables"]
+    assert_same_function(original, fused)
+
+
+def test_half_width_tables_of_another_width_are_a_near_miss():
+    original = _half_width_rope("split", table_width=1)
+    fused, report = geir.fuse(original)
+    assert "InplacePartialRotaryMul" not in [n.op_type for n in fused.nodes]
+    assert [m.reason for m in report.near_misses] == [
+        "the tables' last dims are 1 and 1, not half of x's 8: they cannot be duplicated to the rotated width"]
