@@ -153,6 +153,36 @@ def _rope_case(data, kind: str) -> Case:
     return Case(g.b.build(), feeds, canonical and legal and (kind.startswith("half") or d % 2 == 0), dtype=dtype)
 
 
+def _half_width_case(data) -> Case:
+    """cat(a * c - b * s, b * c + a * s) with half-width tables; near variants: a cut off the middle, the even and
+    odd slices swapped, the sign on the other product, the pieces swapped, tables of full width or width 1."""
+    d = data.draw(st.sampled_from([4, 6, 8]), label="d")
+    dtype = data.draw(st.sampled_from(["float32", "float16"]), label="dtype")
+    h = d // 2
+    table, legal = _tables(data, h)
+    table = (*table[:-1], data.draw(st.sampled_from([table[-1]] * 6 + [1, d]), label="table width"))
+    legal = legal and table[-1] == h
+    g = _B("half_width")
+    x = g.b.input("x", dtype, (*SHAPE, d))
+    cos, sin = g.b.input("cos", dtype, table), g.b.input("sin", dtype, table)
+    if data.draw(st.booleans(), label="even and odd"):
+        odd, even, ordered = _pair(data, g, x)
+        a, b, canonical = even, odd, ordered
+    else:
+        a, b, canonical = _halves(data, g, x, d)
+    flipped = data.draw(st.sampled_from([False] * 5 + [True]), label="sign on the other product")
+    low = g.b.op("Add" if flipped else "Sub", _mul(data, g, a, cos, "a c"), _mul(data, g, b, sin, "b s"))
+    high_terms = (_mul(data, g, b, cos, "b c"), _mul(data, g, a, sin, "a s"))
+    high = g.b.op("Sub" if flipped else "Add", *(high_terms if data.draw(st.booleans(), label="add order")
+                                                 else high_terms[::-1]))
+    order = data.draw(st.sampled_from([True] * 5 + [False]), label="piece order")
+    g.b.output(g.b.op("Concat", *((low, high) if order else (high, low)), axis=-1), "y")
+    rng = _rng(data)
+    feeds = [{"x": _normal(rng, (*SHAPE, d), dtype), "cos": _normal(rng, table, dtype),
+              "sin": _normal(rng, table, dtype)}]
+    return Case(g.b.build(), feeds, canonical and legal and not flipped and order, dtype=dtype)
+
+
 def _partial_case(data) -> Case:
     d = data.draw(st.sampled_from([8, 10, 12]), label="d")
     start = data.draw(st.sampled_from([0, 2, 3, 4]), label="start")
@@ -335,6 +365,7 @@ def _attention_case(data) -> Case:
 CASES: dict[str, Callable] = {
     "rotary half": lambda data: _rope_case(data, "half"),
     "rotary interleaved": lambda data: _rope_case(data, "interleaved"),
+    "rotary half-width tables": _half_width_case,
     "rotary half backward": lambda data: _rope_case(data, "half backward"),
     "rotary interleaved backward": lambda data: _rope_case(data, "interleaved backward"),
     "rotary partial": _partial_case,
