@@ -11,6 +11,8 @@ constant idx is checked now, a fed one when the graph runs (an ExecutionError, n
 at least M rows (the op reads ids in [R, M) as dropped slots, where Gather fails). Rows written to their slots instead (``ScatterND`` of the rows at
 ``Unsqueeze(row2slot, -1)``, PyTorch's ``out[row2slot] = rows``) are the gather by the inverse permutation: the
 index convention is converted in the graph (ScatterElements of 0..M-1 at row2slot, the CANN sorted_indices).
+Rows already in slot order, weighted before the Reshape (``ReduceSum(Reshape(rows * probs as (T*K, 1), (T, K, H)),
+1)``, transformers' batched experts) are the unpermute with sorted_indices 0..T*K-1.
 """
 
 from __future__ import annotations
@@ -63,8 +65,12 @@ def _unpermute(view: GraphView, reduce):
         permuted, indices = found
         transforms = {1: _inverse_permutation}
         nodes = [reduce, *extra, reshape, scatter, scatter.inputs[1].producer, scatter.inputs[2].producer]
+    elif gather is None and probs is None and reshape is not None and \
+            (batched := _slot_major(view, source, tokens, topk)) is not None:
+        return _slot_major_match(view, reduce, reshape, *batched)
     elif gather is None or int(gather.attributes.get("axis", 0)) != 0:
-        return NearMiss("the rows summed over K are not a Gather (axis 0) or a row ScatterND, reshaped to (T, K, H)")
+        return NearMiss("the rows summed over K are not a Gather (axis 0), a row ScatterND, or slot-major rows "
+                        "times probs, reshaped to (T, K, H)")
     else:
         permuted, indices = gather.inputs
         nodes = [reduce, *extra, reshape, gather]
@@ -98,6 +104,43 @@ def _unpermute(view: GraphView, reduce):
     casts = {1: INT32} if indices.type.dtype.onnx != INT32 and 1 not in constants else {}
     return Match(FORWARD.op_type, [permuted, indices, probs], {}, reduce.outputs[0], [n for n in nodes if n is not None],
                  casts=casts, constants=constants, transforms=transforms, differs_on=differs_on)
+
+
+def _slot_major(view: GraphView, product, tokens, topk):
+    """(rows, probs, nodes) when ``product`` is ``rows * probs`` with rows (T*K, H) already in slot order (token t's
+    k-th expert output at row t*K + k: transformers' batched experts, no permutation) and probs (T, K) reshaped to
+    (T*K, 1) by Reshape, Unsqueeze or Flatten (row-major: slot t*K + k keeps probs[t, k]), else None."""
+    mul = view.producer(product, "Mul")
+    if mul is None or not all(isinstance(d, int) for d in (tokens, topk)):
+        return None
+    for rows, weights in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+        if len(rows.type.shape) != 2 or rows.type.shape[0] != tokens * topk or \
+                tuple(weights.type.shape) != (tokens * topk, 1):
+            continue
+        chain, value = [], weights
+        while tuple(value.type.shape) != (tokens, topk) and len(chain) < 3:
+            node = view.producer(value, "Reshape", "Unsqueeze", "Flatten")
+            if node is None:
+                break
+            chain.append(node)
+            value = node.inputs[0]
+        if tuple(value.type.shape) == (tokens, topk):
+            return rows, value, [mul, *chain]
+    return None
+
+
+def _slot_major_match(view: GraphView, reduce, reshape, rows, probs, nodes) -> Match | NearMiss:
+    """MoeTokenUnpermute of slot-major rows: sorted_indices the identity 0..T*K-1 (slot s reads row s)."""
+    if not isinstance(rows.type.shape[1], int) or tuple(reshape.outputs[0].type.shape) != \
+            (*probs.type.shape, rows.type.shape[1]):
+        return NearMiss("the slot-major rows are not reshaped to (T, K, H)")
+    weights = view.constant(probs)
+    differs_on = "" if weights is not None and not (weights == 0).any() else (
+        "MoeTokenUnpermute skips a slot of weight 0 (as CANN does), where the subgraph multiplies its row by 0: a "
+        "non-finite row there is NaN in the subgraph, not in the op")
+    slots = rows.type.shape[0]
+    return Match(FORWARD.op_type, [rows, None, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
+                 constants={1: np.arange(slots, dtype=np.int32)}, differs_on=differs_on)
 
 
 def _scattered_rows(view: GraphView, scatter):

@@ -44,3 +44,22 @@ def test_moe_rows_scattered_to_their_slots_convert_the_index_convention():
     feeds = {"rows": np.arange(24, dtype=np.float32).reshape(6, 4), "row2slot": slots,
              "probs": np.ones((3, 2), np.float32)}
     np.testing.assert_array_equal(geir.run(fused, feeds)["y"], geir.run(original, feeds)["y"])
+
+
+def test_slot_major_rows_times_flattened_probs_are_an_unpermute_with_identity_indices():
+    """transformers' batched experts (and DeepSeek-V3's, GPT-OSS's): expert outputs already in slot order, weighted by
+    probs flattened to (T*K, 1) before the Reshape to (T, K, H): sorted_indices 0..T*K-1. The op skips zero
+    weights, so with fed probs it fuses only under allow_stricter_data (a near miss saying why otherwise)."""
+    b = geir.GraphBuilder("slot_major")
+    rows = b.input("rows", "float32", (6, 4))
+    probs = b.input("probs", "float32", (3, 2))
+    weights = b.op("Unsqueeze", b.op("Reshape", probs, ints(b, [6], "flat")), ints(b, [-1], "last"))
+    summed = b.op("Reshape", b.op("Mul", rows, weights), ints(b, [3, 2, 4], "tkh"))
+    b.output(b.op("ReduceSum", summed, ints(b, [1], "k"), keepdims=0), "y")
+    original = b.build()
+    _, report = geir.fuse(original)
+    assert "skips a slot of weight 0" in report.near_misses[0].reason
+    fused, report = geir.fuse(original, allow_stricter_data=True)
+    assert [n.op_type for n in fused.nodes] == ["MoeTokenUnpermute"], report
+    assert np.array_equal(fused.constants[fused.nodes[0].inputs[1].name], np.arange(6, dtype=np.int32))
+    assert_same_function(original, fused)

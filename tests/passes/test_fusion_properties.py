@@ -239,6 +239,8 @@ def _is_permutation(ids: np.ndarray, size: int, count: int) -> bool:
 
 # -- MoE unpermute ---------------------------------------------------------------------------------------------------
 def _moe_case(data) -> Case:
+    if data.draw(st.sampled_from([False, False, True]), label="slot-major rows"):
+        return _moe_slot_major_case(data)
     tokens, topk, hidden = (data.draw(st.integers(1, 3), label=n) for n in ("T", "K", "H"))
     slots = tokens * topk
     scatter = data.draw(st.sampled_from([False, False, True]), label="scatter")
@@ -281,6 +283,36 @@ def _moe_case(data) -> Case:
     permutation = fed or _is_permutation(constant, rows, slots)    # a constant row2slot too (MU-D1)
     return Case(g.b.build(), feeds, rows >= slots and axes != [2] and permutation,
                 refusal_ok=lambda f: not _is_permutation(f["idx"] if fed else constant, rows, slots), special=special)
+
+
+def _moe_slot_major_case(data) -> Case:
+    """transformers' batched experts: rows already in slot order times probs flattened to (T*K, 1), reshaped to
+    (T, K, H) and summed over K; near variants: probs of shape (K, T) (another slot order unless K = T), probs
+    transposed first (still row-major: the op reads the transposed values), a sum over another axis."""
+    tokens, topk, hidden = (data.draw(st.integers(1, 3), label=n) for n in ("T", "K", "H"))
+    slots = tokens * topk
+    g = _B("moe_slot_major")
+    rows = g.b.input("rows", "float32", (slots, hidden))
+    layout = data.draw(st.sampled_from(["tk", "tk", "kt", "transposed"]), label="probs layout")
+    p = g.b.input("probs", "float32", (topk, tokens) if layout != "tk" else (tokens, topk))
+    source = g.b.op("Transpose", p, perm=[1, 0]) if layout == "transposed" else p
+    if data.draw(st.booleans(), label="flatten then unsqueeze"):
+        weights = g.b.op("Unsqueeze", g.b.op("Reshape", source, g.ints([slots])), g.ints([-1]))
+    else:
+        weights = g.b.op("Reshape", source, g.ints([slots, 1]))
+    product = _mul(data, g, rows, weights, "weights order")
+    axis = data.draw(st.sampled_from([1, 1, 1, 0]), label="reduce axis")
+    g.b.output(g.b.op("ReduceSum", g.b.op("Reshape", product, g.ints([tokens, topk, hidden])), g.ints([axis]),
+                      keepdims=0), "y")
+    rng = _rng(data)
+    special = data.draw(st.booleans(), label="zero weights and non-finite rows")
+    f = {"rows": _normal(rng, (slots, hidden), np.float32),
+         "probs": rng.uniform(0.1, 1.0, tuple(p.type.shape)).astype(np.float32)}
+    if special:
+        f["rows"].reshape(-1)[rng.integers(slots * hidden, size=2)] = [np.inf, np.nan]
+        f["probs"][rng.random(f["probs"].shape) < 0.4] = 0.0
+    canonical = axis == 1 and (layout != "kt" or tokens == topk)
+    return Case(g.b.build(), [f], canonical, special=special)
 
 
 # -- sparse attention ------------------------------------------------------------------------------------------------
