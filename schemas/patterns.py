@@ -218,6 +218,28 @@ class GraphView:
             return None
         return source, axis, read.start, read.stop, read.step
 
+    def piece_of(self, value: Any) -> tuple[Any, int, int, int, int] | None:
+        """``slice_of``, or for an output of a Split of a static-size axis the same ``(source, axis, start, stop,
+        1)`` of the piece it is (sizes from its split input, or equal parts), else None."""
+        found = self.slice_of(value)
+        node = self.producer(value, "Split")
+        if found is not None or node is None:
+            return found
+        source = node.inputs[0]
+        rank = len(source.type.shape)
+        axis = int(node.attributes.get("axis", 0)) % rank
+        size = source.type.shape[axis]
+        sizes = self._folded_ints(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        count = len(node.outputs)
+        if sizes is None and isinstance(size, int):
+            part = -(-size // count)                      # ONNX: equal parts, the last one smaller if need be
+            sizes = [min(part, max(size - part * i, 0)) for i in range(count)]
+        if sizes is None or not isinstance(size, int) or sum(sizes) != size or len(sizes) != count:
+            return None
+        index = next(i for i, v in enumerate(node.outputs) if v is value)
+        start = sum(sizes[:index])
+        return source, axis, start, start + sizes[index], 1
+
     def _folded_ints(self, value: Any) -> list[int] | None:
         array = self.folded(value)
         return None if array is None else [int(v) for v in array.reshape(-1)]

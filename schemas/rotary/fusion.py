@@ -5,7 +5,7 @@
 - interleaved (GPT-J's rotate_every_two: ``stack(-x[..., 1::2], x[..., 0::2], -1)`` flattened, by strided
   Slice, Unsqueeze, Concat and Reshape) -> mode 1;
 - partial (a rope on a slice of the head dim, the rest passed through: ``cat(x[..., :s], rope(x[..., s:e]),
-  x[..., e:])``, MLA's rope part) -> the same op on x with partial_slice [s, e];
+  x[..., e:])``, the pieces by Slice or by one Split, MLA's rope part) -> the same op on x with partial_slice [s, e];
 - half-width tables (GPT-OSS, DeepSeek-V3's ``rope_interleave``: ``cat(a * c - b * s, b * c + a * s)`` with c, s of
   half the width): a, b the halves of x (Split or Slice) -> mode 0, x's even and odd elements (``x[..., 0::2]``,
   ``x[..., 1::2]``) -> mode 3 (interleave-half), the tables given to the op duplicated (``cat(c, c)``);
@@ -156,6 +156,28 @@ def _interleaved(view: GraphView, add):
     return _rope(view, add, _rotate_every_two, 1)
 
 
+def _tiles(view: GraphView, concat, x, spans: dict[int, tuple[int, int]]) -> NearMiss | None:
+    """None when the Concat's inputs tile x's last axis in order: those in ``spans`` (index -> [begin, end) of x they
+    stand for, the rope's), every other a slice or a Split piece of x; else a NearMiss saying where not."""
+    position = 0
+    for i, piece in enumerate(concat.inputs):
+        if i in spans:
+            begin, end = spans[i]
+        else:
+            part = view.piece_of(piece)
+            if part is None or part[0] is not x or part[4] != 1 or not view.last_axis(x, part[1]):
+                return NearMiss(f"input {i} of the Concat is not a slice or a Split piece of '{x.name}' on its last "
+                                f"axis")
+            begin, end = part[2], part[3]
+        if begin != position:
+            return NearMiss(f"the Concat's pieces do not tile '{x.name}'s last axis in order (piece {i} starts at "
+                            f"{begin}, expected {position})")
+        position = end
+    if position != x.type.shape[-1]:
+        return NearMiss(f"the Concat's pieces cover [0, {position}) of a last axis of {x.type.shape[-1]}")
+    return None
+
+
 @register_pattern("rotary partial (cat(x[..., :s], rope(x[..., s:e]), x[..., e:]))", "Concat")
 def _partial(view: GraphView, concat):
     if not view.last_axis(concat.outputs[0], int(concat.attributes["axis"])):
@@ -164,28 +186,17 @@ def _partial(view: GraphView, concat):
     if len(ropes) != 1:
         return None
     rope = concat.inputs[ropes[0]].producer
-    inner = view.slice_of(rope.inputs[0])
+    inner = view.piece_of(rope.inputs[0])
     if inner is None or inner[4] != 1 or not view.last_axis(inner[0], inner[1]):
-        return NearMiss("the rope's input is not a slice of the head dim")
+        return NearMiss("the rope's input is not a slice or a Split piece of the head dim")
     x, _, start, stop, _ = inner
     if list(rope.attributes["partial_slice"]) not in ([0, stop - start], []):
         return None
-    position = 0
-    for i, piece in enumerate(concat.inputs):
-        if i == ropes[0]:
-            begin, end = start, stop
-        else:
-            part = view.slice_of(piece)
-            if part is None or part[0] is not x or part[4] != 1 or not view.last_axis(x, part[1]):
-                return NearMiss(f"input {i} of the Concat is not a slice of '{x.name}' on its last axis")
-            begin, end = part[2], part[3]
-        if begin != position:
-            return NearMiss(f"the Concat's pieces do not tile '{x.name}'s last axis in order (piece {i} starts at "
-                            f"{begin}, expected {position})")
-        position = end
-    if position != x.type.shape[-1]:
-        return NearMiss(f"the Concat's pieces cover [0, {position}) of a last axis of {x.type.shape[-1]}")
+    miss = _tiles(view, concat, x, {ropes[0]: (start, stop)})
+    if miss is not None:
+        return miss
     nodes = [concat, rope, rope.inputs[0].producer] + [v.producer for i, v in enumerate(concat.inputs) if i != ropes[0]]
+    nodes = list({id(n): n for n in nodes}.values())           # one Split gives several pieces
     return Match(FORWARD.op_type, [x, rope.inputs[1], rope.inputs[2]],
                  {"rotary_mode": rope.attributes["rotary_mode"], "partial_slice": [start, stop]}, concat.outputs[0],
                  nodes)
@@ -221,13 +232,11 @@ def _factor_pairs(mul):
     return [(mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])]
 
 
-@register_pattern("rotary half-width tables (cat(a * c - b * s, b * c + a * s))", "Concat")
-def _half_width(view: GraphView, concat):
-    if len(concat.inputs) != 2 or not view.last_axis(concat.outputs[0], int(concat.attributes["axis"])):
-        return None
-    sub, add = view.producer(concat.inputs[0], "Sub"), view.producer(concat.inputs[1], "Add")
-    pair = _products(view, sub) if sub is not None else None
-    terms = _products(view, add) if add is not None else None
+def _half_width_rope(view: GraphView, sub, add):
+    """(x, c, s, mode, nodes) when ``sub`` and ``add`` are ``a * c - b * s`` and ``b * c + a * s`` with a, b the
+    halves (mode 0) or the even and odd elements (mode 3) of x's last axis and c, s of half its width; a NearMiss
+    when the products are of that form but read no such pair or the tables do not fit; else None."""
+    pair, terms = _products(view, sub), _products(view, add)
     if pair is None or terms is None:
         return None
     first, second = pair
@@ -250,13 +259,42 @@ def _half_width(view: GraphView, concat):
                 if c.type.shape[-1] != d // 2 or s.type.shape[-1] != d // 2:
                     return NearMiss(f"the tables' last dims are {c.type.shape[-1]} and {s.type.shape[-1]}, not half "
                                     f"of x's {d}: they cannot be duplicated to the rotated width")
-                return Match(FORWARD.op_type, [x, c, s], {"rotary_mode": mode, "partial_slice": [0, d]},
-                             concat.outputs[0], [concat, sub, add, first, second, *terms, *nodes],
-                             transforms={1: _duplicated, 2: _duplicated})
+                return x, c, s, mode, [sub, add, first, second, *terms, *nodes]
     if shaped:
         return NearMiss("the products do not read the two halves, or the even and odd elements, of one tensor's "
                         "last axis")
     return None
+
+
+@register_pattern("rotary half-width tables (cat(a * c - b * s, b * c + a * s))", "Concat")
+def _half_width(view: GraphView, concat):
+    """The rope alone (a Concat of the two terms) or, as TorchScript writes MLA's, merged with the pass-through
+    pieces of the tensor it is a piece of (``cat(q[..., :s], a * c - b * s, b * c + a * s)``): partial_slice then."""
+    if not view.last_axis(concat.outputs[0], int(concat.attributes["axis"])):
+        return None
+    at = next((i for i in range(len(concat.inputs) - 1) if view.producer(concat.inputs[i], "Sub") is not None
+               and view.producer(concat.inputs[i + 1], "Add") is not None), None)
+    if at is None:
+        return None
+    found = _half_width_rope(view, concat.inputs[at].producer, concat.inputs[at + 1].producer)
+    if found is None or isinstance(found, NearMiss):
+        return found
+    x, c, s, mode, nodes = found
+    d = x.type.shape[-1]
+    start, stop, whole = 0, d, x
+    if len(concat.inputs) > 2:
+        piece = view.piece_of(x)
+        if piece is None or piece[4] != 1 or not view.last_axis(piece[0], piece[1]):
+            return NearMiss("the rope merged into a Concat with other pieces reads no slice or Split piece of one "
+                            "tensor's last axis")
+        whole, _, start, stop, _ = piece
+        miss = _tiles(view, concat, whole, {at: (start, start + d // 2), at + 1: (start + d // 2, stop)})
+        if miss is not None:
+            return miss
+        nodes = nodes + [x.producer] + [v.producer for i, v in enumerate(concat.inputs) if i not in (at, at + 1)]
+        nodes = list({id(n): n for n in nodes}.values())
+    return Match(FORWARD.op_type, [whole, c, s], {"rotary_mode": mode, "partial_slice": [start, stop]},
+                 concat.outputs[0], [concat, *nodes], transforms={1: _duplicated, 2: _duplicated})
 
 
 @register_pattern("rotary half backward (dy * cos + cat((dy * sin)[..., h:], -(dy * sin)[..., :h]))", "Add")

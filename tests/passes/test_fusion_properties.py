@@ -163,8 +163,13 @@ def _half_width_case(data) -> Case:
     table = (*table[:-1], data.draw(st.sampled_from([table[-1]] * 6 + [1, d]), label="table width"))
     legal = legal and table[-1] == h
     g = _B("half_width")
-    x = g.b.input("x", dtype, (*SHAPE, d))
+    nope = data.draw(st.sampled_from([0, 0, 2, 3]), label="pass-through width")   # MLA: cat(q_nope, terms)
+    q = g.b.input("x", dtype, (*SHAPE, nope + d))
     cos, sin = g.b.input("cos", dtype, table), g.b.input("sin", dtype, table)
+    if nope:
+        kept, x = g.b.op("Split", q, g.ints([nope, d]), axis=-1)
+    else:
+        x = q
     if data.draw(st.booleans(), label="even and odd"):
         odd, even, ordered = _pair(data, g, x)
         a, b, canonical = even, odd, ordered
@@ -176,9 +181,14 @@ def _half_width_case(data) -> Case:
     high = g.b.op("Sub" if flipped else "Add", *(high_terms if data.draw(st.booleans(), label="add order")
                                                  else high_terms[::-1]))
     order = data.draw(st.sampled_from([True] * 5 + [False]), label="piece order")
-    g.b.output(g.b.op("Concat", *((low, high) if order else (high, low)), axis=-1), "y")
+    pieces = [low, high] if order else [high, low]
+    kept_first = data.draw(st.sampled_from([True] * 5 + [False]), label="pass-through first")
+    if nope:
+        pieces = [kept, *pieces] if kept_first else [*pieces, kept]
+        order = order and kept_first
+    g.b.output(g.b.op("Concat", *pieces, axis=-1), "y")
     rng = _rng(data)
-    feeds = [{"x": _normal(rng, (*SHAPE, d), dtype), "cos": _normal(rng, table, dtype),
+    feeds = [{"x": _normal(rng, (*SHAPE, nope + d), dtype), "cos": _normal(rng, table, dtype),
               "sin": _normal(rng, table, dtype)}]
     return Case(g.b.build(), feeds, canonical and legal and not flipped and order, dtype=dtype)
 
@@ -192,7 +202,13 @@ def _partial_case(data) -> Case:
     g = _B("partial")
     x = g.b.input("x", "float32", (*SHAPE, d))
     cos, sin = g.b.input("cos", "float32", (1, 3, 1, length)), g.b.input("sin", "float32", (1, 3, 1, length))
-    part = g.slice(x, start, stop)
+    by_split = data.draw(st.booleans(), label="pieces by one Split")
+    if by_split:                          # MLA's (nope, pe) split: the pieces are the Split's outputs
+        sizes = [n for n in (start, length, d - stop) if n]
+        outs = g.b.op("Split", x, g.ints(sizes), axis=-1)
+        part = outs[1 if start else 0]
+    else:
+        part = g.slice(x, start, stop)
     if data.draw(st.booleans(), label="interleaved"):
         odd, even = g.slice(part, 1, BIG, 2), g.slice(part, 0, BIG, 2)
         parts = [g.b.op("Unsqueeze", v, g.ints([-1])) for v in (g.b.op("Neg", odd), even)]
@@ -203,8 +219,12 @@ def _partial_case(data) -> Case:
     roped = g.b.op("Add", g.b.op("Mul", part, cos), g.b.op("Mul", rotated, sin))
     gap = data.draw(st.sampled_from([0, 0, 0, 1]), label="suffix gap")          # 1: a piece is missing
     order = data.draw(st.sampled_from([True, True, True, False]), label="piece order")
-    pieces = ([g.slice(x, 0, start)] if start else []) + [roped] + \
-        ([g.slice(x, stop + gap, BIG)] if stop + gap < d else [])
+    if by_split:
+        gap = 0
+        pieces = ([outs[0]] if start else []) + [roped] + ([outs[-1]] if stop < d else [])
+    else:
+        pieces = ([g.slice(x, 0, start)] if start else []) + [roped] + \
+            ([g.slice(x, stop + gap, BIG)] if stop + gap < d else [])
     g.b.output(g.b.op("Concat", *(pieces if order else pieces[::-1]), axis=-1), "y")
     rng = _rng(data)
     feeds = [{"x": _normal(rng, (*SHAPE, d), np.float32), "cos": _normal(rng, (1, 3, 1, length), np.float32),

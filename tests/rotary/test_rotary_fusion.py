@@ -141,3 +141,27 @@ def test_half_width_tables_of_another_width_are_a_near_miss():
     assert "InplacePartialRotaryMul" not in [n.op_type for n in fused.nodes]
     assert [m.reason for m in report.near_misses] == [
         "the tables' last dims are 1 and 1, not half of x's 8: they cannot be duplicated to the rotated width"]
+
+
+def test_split_pieces_and_a_merged_half_width_rope_fuse_to_a_partial_slice():
+    """MLA as the exporters write it: q split into (nope, pe) by one Split; dynamo ropes pe and concatenates the
+    pieces (the partial pattern, pieces from the Split), TorchScript writes the rope's two terms straight into the
+    Concat with the nope piece (``cat(q_nope, a * c - b * s, b * c + a * s)``)."""
+    for merged in (False, True):
+        b = geir.GraphBuilder("mla")
+        q = b.input("q", "float32", (2, 4, 3, 12))
+        cos = b.input("cos", "float32", (1, 4, 1, 4))
+        sin = b.input("sin", "float32", (1, 4, 1, 4))
+        nope, pe = b.op("Split", q, ints(b, [4, 8], "sizes"), axis=-1)
+        even, odd = onnx_slice(b, pe, 0, BIG, step=2), onnx_slice(b, pe, 1, BIG, step=2)
+        low = b.op("Sub", b.op("Mul", even, cos), b.op("Mul", odd, sin))
+        high = b.op("Add", b.op("Mul", odd, cos), b.op("Mul", even, sin))
+        pieces = [nope, low, high] if merged else [nope, b.op("Concat", low, high, axis=-1)]
+        b.output(b.op("Concat", *pieces, axis=-1), "y")
+        original = b.build()
+        fused, report = geir.fuse(original)
+        rope = [n for n in fused.nodes if n.op_type == "InplacePartialRotaryMul"]
+        assert len(rope) == 1 and not report.near_misses, report
+        assert rope[0].attributes["rotary_mode"] == 3 and list(rope[0].attributes["partial_slice"]) == [4, 12]
+        assert rope[0].inputs[0].name == "q"
+        assert_same_function(original, fused)
