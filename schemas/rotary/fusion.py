@@ -54,7 +54,10 @@ def _rotate_half(view: GraphView, value):
     if neg is None:
         return None
     found = _halves(view, concat.inputs[1], neg.inputs[0])
-    return None if found is None else (found[0], [concat, neg, *found[1]])
+    if found is None:
+        return NearMiss("rotate_half's pieces are not x[..., :d/2] and x[..., d/2:] of one x whose last dim d is "
+                        "static (their bounds, or the sliced dim, are not known before the graph runs)")
+    return found[0], [concat, neg, *found[1]]
 
 
 def _stacked_pair(view: GraphView, value):
@@ -125,11 +128,13 @@ def _rope(view: GraphView, add, rotation, mode: int):
     terms = [view.producer(v, "Mul") for v in add.inputs]
     if None in terms:
         return None
+    missed = None
     for rotated_mul, plain_mul in (terms, terms[::-1]):
         for i in (0, 1):
             found = rotation(view, rotated_mul.inputs[i])
-            if isinstance(found, NearMiss):
-                return found
+            if isinstance(found, NearMiss):        # said if no other reading of the products matches
+                missed = missed or found
+                continue
             if found is None:
                 continue
             x, nodes = found
@@ -143,7 +148,7 @@ def _rope(view: GraphView, add, rotation, mode: int):
             d = x.type.shape[-1]
             return Match(FORWARD.op_type, [x, cos, sin], {"rotary_mode": mode, "partial_slice": [0, d]},
                          add.outputs[0], [add, rotated_mul, plain_mul, *nodes])
-    return None
+    return missed
 
 
 @register_pattern("rotary half (x * cos + rotate_half(x) * sin)", "Add")

@@ -165,3 +165,19 @@ def test_split_pieces_and_a_merged_half_width_rope_fuse_to_a_partial_slice():
         assert rope[0].attributes["rotary_mode"] == 3 and list(rope[0].attributes["partial_slice"]) == [4, 12]
         assert rope[0].inputs[0].name == "q"
         assert_same_function(original, fused)
+
+
+def test_rotate_half_of_pieces_of_unknown_size_is_a_near_miss_not_a_silent_one():
+    """GPT-NeoX's TorchScript export: the rotated part is a slice whose bound is computed from data the fusion cannot
+    fold, so its last dim is a symbol; the rope is reported with the reason."""
+    b = geir.GraphBuilder("unknown_halves")
+    x = b.input("x", "float32", (2, 4, 3, 8))
+    width = b.input("width", "int64", (1,))
+    cos = b.input("cos", "float32", (1, 4, 1, 4))
+    sin = b.input("sin", "float32", (1, 4, 1, 4))
+    part = b.op("Slice", x, ints(b, [0], "zero"), width, ints(b, [3], "axis"))
+    rotated = b.op("Concat", b.op("Neg", onnx_slice(b, part, 2, BIG)), onnx_slice(b, part, 0, 2), axis=-1)
+    b.output(b.op("Add", b.op("Mul", part, cos), b.op("Mul", rotated, sin)), "y")
+    _, report = geir.fuse(b.build())
+    assert len(report.near_misses) == 1
+    assert report.near_misses[0].reason.startswith("rotate_half's pieces are not x[..., :d/2] and x[..., d/2:]")
