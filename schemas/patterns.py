@@ -117,6 +117,9 @@ class GraphView:
         and integer Add, Sub, Mul, Div over constants), as exporters write ``flatten``'s target and the bounds of
         ``x[..., :d // 2]``: folded here, since type inference leaves such values symbolic. A Shape of a value with
         symbolic dims folds as far as only its static dims are read. None when it depends on data or a symbol."""
+        constant = self.constant(value)
+        if constant is not None:                  # as it is (an INT64_MIN bound is not a symbol)
+            return constant.astype(np.int64) if constant.dtype.kind in "iu" else None
         array = self._fold(value, 0)
         return None if array is None or (array == _SYMBOLIC).any() else array
 
@@ -138,7 +141,10 @@ class GraphView:
         if node.op_type in _ARITHMETIC:
             if any((p == _SYMBOLIC).any() for p in parts):
                 return None
-            return _ARITHMETIC[node.op_type](*parts)
+            exact = _ARITHMETIC[node.op_type](*(p.astype(object) for p in parts))    # Python ints: no wrapping
+            if exact is None or any(not INT64_RANGE[0] <= int(v) <= INT64_RANGE[1] for v in np.ravel(exact)):
+                return None                       # an overflow: what the runtime computes is not folded here
+            return np.asarray(exact, np.int64)
         if node.op_type == "Concat":
             return np.concatenate(parts, axis=int(node.attributes["axis"]))
         if node.op_type == "Cast":
@@ -252,11 +258,17 @@ _SYMBOLIC = np.iinfo(np.int64).min
 """A symbolic dim inside a folded shape computation (moved by Gather, Slice, Concat; never computed with)."""
 
 
+INT64_RANGE = (-2 ** 63, 2 ** 63 - 1)
+
+
 def _integer_division(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """ONNX's integer Div (truncating toward zero, as C does); None on a division by zero."""
-    if (b == 0).any():
+    """ONNX's integer Div (truncating toward zero, as C does) on object arrays of Python ints; None on a division by
+    zero."""
+    if any(v == 0 for v in np.ravel(b)):
         return None
-    return (np.abs(a) // np.abs(b)) * np.sign(a) * np.sign(b)
+    a, b = np.broadcast_arrays(a, b)
+    quotients = [abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) for x, y in zip(np.ravel(a), np.ravel(b))]
+    return np.array(quotients, dtype=object).reshape(a.shape)
 
 
 _ARITHMETIC: dict[str, Callable[..., np.ndarray | None]] = {
