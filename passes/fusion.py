@@ -155,7 +155,8 @@ class _Fusion:
             self.outputs.add(id(new))
             new.name = old.name
         self.unlink_dead(old.producer)
-        self.report.fused.append(Fused(pattern.name, tuple(n.name for n in match.nodes), f"{match.op} '{name}'"))
+        replaced = tuple(dict.fromkeys(n.name for n in match.nodes))    # a Split giving several pieces: named once
+        self.report.fused.append(Fused(pattern.name, replaced, f"{match.op} '{name}'"))
         return None
 
     def build(self, match: Match, name: str) -> Value:

@@ -135,8 +135,7 @@ def _concat(ctx, node, grads):
             end = start + size
             bounds = ctx.ints([start]), ctx.ints([end])
         else:
-            size_value = ctx.ints([size]) if isinstance(size, int) else \
-                ctx.op("Gather", ctx.op("Shape", ctx.new(value)), ctx.ints([axis]))
+            size_value = ctx.ints([size]) if isinstance(size, int) else dim_of(ctx, ctx.new(value), axis)
             first = ctx.ints([start]) if isinstance(start, int) else start
             end = ctx.op("Add", first, size_value)
             bounds = first, end
@@ -185,13 +184,20 @@ def place_along(ctx, g, axis: int, sources: list[int], size: int):
     return ctx.op("Transpose", placed, perm=[perm.index(i) for i in range(rank)])
 
 
-def _optional_constant(ctx, node, index: int, what: str) -> list[int] | None:
-    value = node.inputs[index] if len(node.inputs) > index else None
+def optional_input(node, index: int):
+    """A node's forward input ``index``, or None where it is absent (left out at the end, or given as "")."""
+    return node.inputs[index] if len(node.inputs) > index else None
+
+
+def optional_constant_ints(ctx, node, index: int, what: str) -> list[int] | None:
+    """The integers of an optional input that must be a graph constant when given; None when absent."""
+    value = optional_input(node, index)
     return None if value is None else constant_ints(ctx, value, what, node)
 
 
 def _is_constant(ctx, node, index: int) -> bool:
-    return len(node.inputs) <= index or node.inputs[index] is None or ctx.constant_of(node.inputs[index]) is not None
+    value = optional_input(node, index)
+    return value is None or ctx.constant_of(value) is not None
 
 
 @register_vjp("Slice", STANDARD)
@@ -201,8 +207,8 @@ def _slice(ctx, node, grads):
     back by amounts computed from the shapes at run time with ONNX's clamping."""
     x = node.inputs[0]
     rank = len(x.type.shape)
-    axes = _optional_constant(ctx, node, 3, "axes")
-    steps = _optional_constant(ctx, node, 4, "steps")
+    axes = optional_constant_ints(ctx, node, 3, "axes")
+    steps = optional_constant_ints(ctx, node, 4, "steps")
     known = _is_constant(ctx, node, 1) and _is_constant(ctx, node, 2)
     count = len(axes) if axes is not None else (len(constant_ints(ctx, node.inputs[1], "starts", node)) if known
                                                 else node.inputs[1].type.shape[0])
@@ -253,6 +259,22 @@ def scalar(ctx, like, number: float):
     return ctx.const(np.asarray(number, like.type.dtype.numpy), "scalar")
 
 
+def dim_of(ctx, x, axis: int):
+    """Dim ``axis`` of a new-graph value: an int when static, else a 1-element int64 value (known at run time)."""
+    size = x.type.shape[axis]
+    if isinstance(size, int):
+        return size
+    return ctx.op("Gather", ctx.op("Shape", x), ctx.ints([axis]))
+
+
+def positions_along(ctx, size):
+    """The int64 vector 0..size-1 of an axis of ``size`` (an int, or a 1-element int64 value)."""
+    if isinstance(size, int):
+        return ctx.const(np.arange(size, dtype=np.int64), "positions")
+    return ctx.op("Range", ctx.const(np.array(0, np.int64), "zero"), ctx.op("Squeeze", size, ctx.ints([0])),
+                  ctx.const(np.array(1, np.int64), "one"))
+
+
 def wrapped_indices(ctx, indices, size):
     """``indices`` (a new-graph value, any integer type) as int64 with negative ones counted from the end of an axis of
     ``size`` (an int or an int64 value)."""
@@ -269,7 +291,6 @@ def place_rows(ctx, g, flat, target, axis: int):
     count = flat.type.shape[0] if isinstance(flat.type.shape[0], int) else -1    # a count known at run time only
     if isinstance(target, tuple):
         before, size, after = int(np.prod(target[:axis])), target[axis], int(np.prod(target[axis + 1:]))
-        positions = ctx.const(np.arange(size, dtype=np.int64).reshape(1, size), "positions")
         blocks, shape = ctx.ints([before, count, after]), ctx.ints(target)
     else:
         shape = ctx.op("Shape", target)
@@ -277,12 +298,9 @@ def place_rows(ctx, g, flat, target, axis: int):
 
         def product(start: int, end: int):
             return ctx.op("ReduceProd", ctx.op("Slice", shape, ctx.ints([start]), ctx.ints([end])), keepdims=1)
-        size = ctx.op("Slice", shape, ctx.ints([axis]), ctx.ints([axis + 1]))
-        zero, one = ctx.const(np.array(0, np.int64), "zero"), ctx.const(np.array(1, np.int64), "one")
-        positions = ctx.op("Unsqueeze", ctx.op("Range", zero, ctx.op("Squeeze", size, ctx.ints([0])), one),
-                           ctx.ints([0]))
+        size = dim_of(ctx, target, axis)
         blocks = ctx.op("Concat", product(0, axis), ctx.ints([count]), product(axis + 1, rank), axis=0)
-    onehot = ctx.op("Cast", ctx.op("Equal", flat, positions), to=g.type.dtype.onnx)       # (count, size)
+    onehot = ctx.op("Cast", ctx.op("Equal", flat, positions_along(ctx, size)), to=g.type.dtype.onnx)   # (count, size)
     rows = ctx.op("Reshape", g, blocks)
     spread = ctx.op("Transpose", onehot, perm=[1, 0])
     placed = one_hot_sum(ctx, lambda v: ctx.op("MatMul", spread, v), rows)              # (before, size, after)
@@ -296,10 +314,7 @@ def _gather(ctx, node, grads):
     rank = len(data.type.shape)
     axis = int(node.attributes.get("axis", 0)) % rank
     count = int(np.prod(indices.type.shape)) if indices.type.is_static else -1     # (NonZero's, say)
-    if data.type.is_static:
-        target, size = tuple(data.type.shape), data.type.shape[axis]
-    else:
-        target = ctx.new(data)
-        size = ctx.op("Gather", ctx.op("Shape", target), ctx.ints([axis]))
+    target = tuple(data.type.shape) if data.type.is_static else ctx.new(data)
+    size = dim_of(ctx, ctx.new(data), axis)
     flat = wrapped_indices(ctx, ctx.op("Reshape", ctx.new(indices), ctx.ints([count, 1])), size)
     return [place_rows(ctx, grads[0], flat, target, axis), None]

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .standard_vjp import STANDARD, scalar
+from .standard_vjp import STANDARD, optional_input, scalar
 from .vjp import register_vjp
 
 
@@ -167,8 +167,7 @@ def _clip(ctx, node, grads):
     g = grads[0]
     x = ctx.new(node.inputs[0])
     zero = scalar(ctx, x, 0.0)
-    low = ctx.new(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-    high = ctx.new(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+    low, high = ctx.new(optional_input(node, 1)), ctx.new(optional_input(node, 2))
     if low is None and "min" in node.attributes:                  # Clip before opset 11: bounds are attributes
         low = scalar(ctx, x, float(node.attributes["min"]))
     if high is None and "max" in node.attributes:
@@ -181,12 +180,12 @@ def _clip(ctx, node, grads):
         inside = below if inside is None else ctx.op("And", inside, below)
     dx = g if inside is None else ctx.op("Where", inside, g, zero)
     result = [dx] + [None] * (len(node.inputs) - 1)
-    if ctx.needs(node.inputs[1] if len(node.inputs) > 1 else None):
+    if ctx.needs(optional_input(node, 1)):
         taken = ctx.op("Less", x, low)
         if high is not None:
             taken = ctx.op("And", taken, ctx.op("LessOrEqual", low, high))
         result[1] = ctx.sum_to(ctx.op("Where", taken, g, zero), low)
-    if ctx.needs(node.inputs[2] if len(node.inputs) > 2 else None):
+    if ctx.needs(optional_input(node, 2)):
         taken = ctx.op("Greater", x, high)
         if low is not None:
             taken = ctx.op("Or", taken, ctx.op("Greater", low, high))

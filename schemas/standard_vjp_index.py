@@ -12,18 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir._errors import GraphError
-from .standard_vjp import STANDARD, constant_ints, one_hot_sum, place_along, place_rows, static_shape, wrapped_indices
+from .standard_vjp import STANDARD, constant_ints, dim_of, one_hot_sum, optional_constant_ints, optional_input, \
+    place_along, place_rows, positions_along, static_shape, wrapped_indices
 from .vjp import register_vjp
 
 INT64_MAX = 2 ** 63 - 1
-
-
-def _dim(ctx, x, axis: int):
-    """Dim ``axis`` of a new-graph value: an int when static, else a 1-element int64 value."""
-    size = x.type.shape[axis]
-    if isinstance(size, int):
-        return size
-    return ctx.op("Gather", ctx.op("Shape", x), ctx.ints([axis]))
 
 
 def place_elements(ctx, g, indices, axis: int, like):
@@ -32,14 +25,9 @@ def place_elements(ctx, g, indices, axis: int, like):
     position of ``like`` sums the cotangents of the outputs that read it. An index tensor smaller than ``like`` in
     the other axes leaves the rest zero."""
     rank = len(like.type.shape)
-    size = _dim(ctx, like, axis)
+    size = dim_of(ctx, like, axis)
     idx = ctx.op("Unsqueeze", wrapped_indices(ctx, indices, size), ctx.ints([rank]))    # (...I..., 1)
-    if isinstance(size, int):
-        positions = ctx.const(np.arange(size, dtype=np.int64), "positions")
-    else:
-        positions = ctx.op("Range", ctx.const(np.array(0, np.int64), "zero"), ctx.op("Squeeze", size, ctx.ints([0])),
-                           ctx.const(np.array(1, np.int64), "one"))
-    onehot = ctx.op("Cast", ctx.op("Equal", idx, positions), to=g.type.dtype.onnx)      # (...I..., size)
+    onehot = ctx.op("Cast", ctx.op("Equal", idx, positions_along(ctx, size)), to=g.type.dtype.onnx)   # (...I..., size)
 
     def product(v):       # sum over the read axis j: (...I..., size) with axis j gone, then size moved into its place
         summed = ctx.op("ReduceSum", ctx.op("Mul", ctx.op("Unsqueeze", v, ctx.ints([rank])), onehot),
@@ -181,9 +169,8 @@ def _pad_amounts(ctx, node, rank: int) -> list[int]:
         pads = [int(p) for p in node.attributes["pads"]]
     else:
         pads = constant_ints(ctx, node.inputs[1], "pads", node)
-    axes = list(range(rank))
-    if len(node.inputs) > 3 and node.inputs[3] is not None:
-        axes = [a % rank for a in constant_ints(ctx, node.inputs[3], "axes", node)]
+    given = optional_constant_ints(ctx, node, 3, "axes")
+    axes = list(range(rank)) if given is None else [a % rank for a in given]
     full = [0] * (2 * rank)
     for i, axis in enumerate(axes):
         full[axis], full[rank + axis] = pads[i], pads[len(axes) + i]
@@ -226,7 +213,7 @@ def _pad(ctx, node, grads):
 @register_vjp("Trilu", STANDARD)
 def _trilu(ctx, node, grads):
     """The same triangle of the cotangent (the rest was zeroed, so it gets nothing)."""
-    k = ctx.new(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    k = ctx.new(optional_input(node, 1))
     attrs = {"upper": int(node.attributes.get("upper", 1))}
     result = ctx.op("Trilu", grads[0], k, **attrs) if k is not None else ctx.op("Trilu", grads[0], **attrs)
     return [result] + [None] * (len(node.inputs) - 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import string
 
 from ..ir._errors import GraphError
-from .standard_vjp import STANDARD, scalar
+from .standard_vjp import STANDARD, optional_input, scalar
 from .vjp import register_vjp
 
 
@@ -21,7 +21,7 @@ def _gemm(ctx, node, grads):
     dC = beta g summed to C's shape."""
     g = grads[0]
     a, b = ctx.new(node.inputs[0]), ctx.new(node.inputs[1])
-    c = ctx.new(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+    c = ctx.new(optional_input(node, 2))
     alpha, beta = float(node.attributes.get("alpha", 1.0)), float(node.attributes.get("beta", 1.0))
     trans_a, trans_b = int(node.attributes.get("transA", 0)), int(node.attributes.get("transB", 0))
     scaled = g if alpha == 1.0 else ctx.op("Mul", g, scalar(ctx, g, alpha))

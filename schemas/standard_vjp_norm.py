@@ -13,7 +13,8 @@ import numpy as np
 
 from ..ir._errors import GraphError
 from ..ir._registry import get_schema
-from .standard_vjp import STANDARD, scalar
+from .standard_vjp import STANDARD, optional_input, scalar
+from .standard_vjp_reduce import reduced_count
 from .vjp import register_vjp
 
 FLOAT = 1
@@ -34,17 +35,10 @@ def _back(ctx, value, like):
     return ctx.cast(value, like.type) if value is not None else None
 
 
-def _normalized_axes(node) -> tuple[list[int], int]:
+def _normalized_axes(node) -> list[int]:
+    """The axes a LayerNormalization or RMSNormalization normalises over: ``axis`` and every one after it."""
     rank = len(node.inputs[0].type.shape)
-    axis = int(node.attributes.get("axis", -1)) % rank
-    return list(range(axis, rank)), axis
-
-
-def _count(ctx, x, axes):
-    if all(isinstance(x.type.shape[a], int) for a in axes):
-        return scalar(ctx, x, float(np.prod([x.type.shape[a] for a in axes])))
-    sizes = ctx.op("Gather", ctx.op("Shape", x), ctx.ints(axes))
-    return ctx.op("Cast", ctx.op("ReduceProd", sizes, keepdims=0), to=x.type.dtype.onnx)
+    return list(range(int(node.attributes.get("axis", -1)) % rank, rank))
 
 
 def _mean(ctx, value, axes):
@@ -63,8 +57,8 @@ def _project(ctx, rstd, dxhat, xhat, axes, centred: bool):
 @register_vjp("LayerNormalization", STANDARD)
 def _layer_norm(ctx, node, grads):
     x, scale = ctx.new(node.inputs[0]), ctx.new(node.inputs[1])
-    bias = ctx.new(node.inputs[2]) if len(node.inputs) > 2 else None
-    axes, _ = _normalized_axes(node)
+    bias = ctx.new(optional_input(node, 2))
+    axes = _normalized_axes(node)
     compute = _compute_type(node, x)
     xc = _as(ctx, x, compute)
     eps = scalar(ctx, xc, float(node.attributes.get("epsilon", 1e-5)))
@@ -87,13 +81,13 @@ def _layer_norm(ctx, node, grads):
     g_mean = grads[1] if len(grads) > 1 else None
     g_rstd = grads[2] if len(grads) > 2 else None
     if g_mean is not None:                 # mean = sum(x) / N
-        part = ctx.op("Div", _as(ctx, g_mean, compute), _count(ctx, xc, axes))
+        part = ctx.op("Div", _as(ctx, g_mean, compute), reduced_count(ctx, xc, axes))
         part = ctx.op("Expand", part, ctx.shape_of(xc))
         dx = part if dx is None else ctx.op("Add", dx, part)
     if g_rstd is not None:                 # rstd = (var + eps)^-1/2, var = sum((x - mean)^2) / N
         cube = ctx.op("Mul", rstd, ctx.op("Mul", rstd, rstd))
         dvar = ctx.op("Mul", ctx.op("Neg", _as(ctx, g_rstd, compute)), cube)      # -1/2 rstd^3, times 2 below
-        part = ctx.op("Div", ctx.op("Mul", dvar, centred), _count(ctx, xc, axes))
+        part = ctx.op("Div", ctx.op("Mul", dvar, centred), reduced_count(ctx, xc, axes))
         dx = part if dx is None else ctx.op("Add", dx, part)
     d_scale = d_bias = None
     if g is not None and ctx.needs(node.inputs[1]):
@@ -108,7 +102,7 @@ def _layer_norm(ctx, node, grads):
 @register_vjp("RMSNormalization", STANDARD)
 def _rms_norm(ctx, node, grads):
     x, scale = ctx.new(node.inputs[0]), ctx.new(node.inputs[1])
-    axes, _ = _normalized_axes(node)
+    axes = _normalized_axes(node)
     compute = _compute_type(node, x)
     xc = _as(ctx, x, compute)
     eps = scalar(ctx, xc, float(node.attributes.get("epsilon", 1e-5)))
@@ -159,7 +153,7 @@ def _batch_norm(ctx, node, grads):
 
 def _training(ctx, node) -> bool:
     """Whether a Dropout node drops (opset >= 12 with training_mode true); raises where that is not a constant."""
-    if (node.version or 12) < 12 or len(node.inputs) < 3 or node.inputs[2] is None:
+    if (node.version or 12) < 12 or optional_input(node, 2) is None:
         return False
     mode = ctx.constant_of(node.inputs[2])
     if mode is None:
@@ -192,7 +186,7 @@ def _dropout(ctx, node, grads):
     if mask is None:
         mask = ctx.new(node.outputs[1])
     ratio = 0.5
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
+    if optional_input(node, 1) is not None:
         given = ctx.constant_of(node.inputs[1])
         if given is None:
             raise GraphError(f"geir.grad: Dropout '{node.name}': ratio must be a constant of the graph to "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir._errors import GraphError
-from .standard_vjp import STANDARD, constant_ints, scalar
+from .standard_vjp import STANDARD, optional_constant_ints, scalar
 from .vjp import register_vjp
 
 
@@ -22,10 +22,8 @@ def reduced_axes(ctx, node) -> list[int] | None:
     rank = len(node.inputs[0].type.shape)
     if "axes" in node.attributes:
         axes = [int(a) for a in node.attributes["axes"]]
-    elif len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = constant_ints(ctx, node.inputs[1], "axes", node)
     else:
-        axes = []
+        axes = optional_constant_ints(ctx, node, 1, "axes") or []
     if not axes and node.attributes.get("noop_with_empty_axes", 0):
         return None
     for axis in axes:
@@ -63,7 +61,7 @@ def _reduction(derivative):
     return rule
 
 
-def _count(ctx, x, axes):
+def reduced_count(ctx, x, axes):
     """How many elements each output of a reduction over ``axes`` sums, in x's dtype (a constant when static)."""
     if all(isinstance(x.type.shape[a], int) for a in axes):
         return scalar(ctx, x, float(np.prod([x.type.shape[a] for a in axes])))
@@ -76,7 +74,7 @@ def _sum(ctx, x, y, g, axes):
 
 
 def _mean(ctx, x, y, g, axes):
-    return ctx.op("Div", g, _count(ctx, x, axes)) if axes else g
+    return ctx.op("Div", g, reduced_count(ctx, x, axes)) if axes else g
 
 
 def _sum_square(ctx, x, y, g, axes):

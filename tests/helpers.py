@@ -80,7 +80,8 @@ EPS = 1e-6
 
 def directional_error(graph: geir.Graph, feeds: dict, wrt=None, seed: int = 0) -> float:
     """Relative distance between the VJP's and the finite differences' directional derivative (``geir.grad``
-    against central differences of the float64 reference, along a random direction and cotangent)."""
+    against central differences of the float64 reference, along a random direction and cotangent; outputs of
+    symbolic shape too)."""
     rng = np.random.default_rng(seed)
     derivative = geir.grad(graph, wrt=wrt)
     names = [v.name for v in graph.inputs if v.dtype.is_floating and (wrt is None or v.name in wrt)]
@@ -89,9 +90,12 @@ def directional_error(graph: geir.Graph, feeds: dict, wrt=None, seed: int = 0) -
     # that one is taken: a pass-through output)
     cotangent_names = [v.name for v in derivative.inputs[len(graph.inputs):]]
     assert len(cotangent_names) == len(outputs)
-    cotangents = {name: rng.standard_normal(v.type.shape) for name, v in zip(cotangent_names, outputs)}
     base = {k: (a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a)
             for k, a in feeds.items()}
+    # an output of symbolic shape gets a cotangent of the shape a run gives it
+    shapes = {v.name: v.type.shape for v in outputs} if all(v.type.is_static for v in outputs) else \
+        {name: np.shape(array) for name, array in reference(graph, base, rounded=False).items()}
+    cotangents = {name: rng.standard_normal(shapes[v.name]) for name, v in zip(cotangent_names, outputs)}
     got = reference(derivative, {**base, **cotangents}, rounded=False)
     direction = {k: rng.standard_normal(base[k].shape) for k in names}
     shifted = [reference(graph, {**base, **{k: base[k] + sign * EPS * direction[k] for k in names}}, rounded=False)

@@ -87,10 +87,7 @@ def _unpermute(view: GraphView, reduce):
     if probs is None:        # a plain sum over K: weights of one (one op form, with probs, exports for every match)
         constants[2] = np.ones((tokens, topk), permuted.type.dtype.numpy)
     else:
-        weights = view.constant(probs)
-        if weights is None or (weights == 0).any():
-            differs_on = ("MoeTokenUnpermute skips a slot of weight 0 (as CANN does), where the subgraph multiplies "
-                          "its row by 0: a non-finite row there is NaN in the subgraph, not in the op")
+        differs_on = _zero_weights_differ(view, probs)
     constant = view.constant(indices)
     if constant is not None:      # gather ids (slot -> row) or scatter slots (row -> slot): a permutation either way
         normalised = normalised_ids(constant.reshape(-1), rows_count)
@@ -134,13 +131,18 @@ def _slot_major_match(view: GraphView, reduce, reshape, rows, probs, nodes) -> M
     if not isinstance(rows.type.shape[1], int) or tuple(reshape.outputs[0].type.shape) != \
             (*probs.type.shape, rows.type.shape[1]):
         return NearMiss("the slot-major rows are not reshaped to (T, K, H)")
-    weights = view.constant(probs)
-    differs_on = "" if weights is not None and not (weights == 0).any() else (
-        "MoeTokenUnpermute skips a slot of weight 0 (as CANN does), where the subgraph multiplies its row by 0: a "
-        "non-finite row there is NaN in the subgraph, not in the op")
     slots = rows.type.shape[0]
     return Match(FORWARD.op_type, [rows, None, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
-                 constants={1: np.arange(slots, dtype=np.int32)}, differs_on=differs_on)
+                 constants={1: np.arange(slots, dtype=np.int32)}, differs_on=_zero_weights_differ(view, probs))
+
+
+def _zero_weights_differ(view: GraphView, probs) -> str:
+    """``Match.differs_on`` for weights ``probs``: empty where they are a constant without zeros, else the reason."""
+    weights = view.constant(probs)
+    if weights is not None and not (weights == 0).any():
+        return ""
+    return ("MoeTokenUnpermute skips a slot of weight 0 (as CANN does), where the subgraph multiplies its row by 0: a "
+            "non-finite row there is NaN in the subgraph, not in the op")
 
 
 def _scattered_rows(view: GraphView, scatter):

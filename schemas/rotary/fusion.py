@@ -201,7 +201,6 @@ def _partial(view: GraphView, concat):
     if miss is not None:
         return miss
     nodes = [concat, rope, rope.inputs[0].producer] + [v.producer for i, v in enumerate(concat.inputs) if i != ropes[0]]
-    nodes = list({id(n): n for n in nodes}.values())           # one Split gives several pieces
     return Match(FORWARD.op_type, [x, rope.inputs[1], rope.inputs[2]],
                  {"rotary_mode": rope.attributes["rotary_mode"], "partial_slice": [start, stop]}, concat.outputs[0],
                  nodes)
@@ -297,7 +296,6 @@ def _half_width(view: GraphView, concat):
         if miss is not None:
             return miss
         nodes = nodes + [x.producer] + [v.producer for i, v in enumerate(concat.inputs) if i not in (at, at + 1)]
-        nodes = list({id(n): n for n in nodes}.values())
     return Match(FORWARD.op_type, [whole, c, s], {"rotary_mode": mode, "partial_slice": [start, stop]},
                  concat.outputs[0], [concat, *nodes], transforms={1: _duplicated, 2: _duplicated})
 
