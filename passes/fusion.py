@@ -109,7 +109,7 @@ class _Fusion:
         for node in graph.nodes:
             if node.domain == CANN_DOMAIN:
                 self.bodies.setdefault(node.op_type, (_body_key(node), node.name))
-        self.seen_misses: set[tuple[str, str, str]] = set()
+        self.seen_misses: set[tuple[str, str]] = set()
         self.by_anchor: dict[str, list[Pattern]] = {}
         for pattern in patterns():
             self.by_anchor.setdefault(pattern.anchor, []).append(pattern)
@@ -131,7 +131,7 @@ class _Fusion:
                         fused = True
                         break
                 if isinstance(result, NearMiss):
-                    key = (pattern.name, node.name, result.reason)
+                    key = (pattern.name, node.name)      # once, though later sweeps number our node anew
                     if key not in self.seen_misses:
                         self.seen_misses.add(key)
                         self.report.near_misses.append(Missed(pattern.name, node.name, result.reason))

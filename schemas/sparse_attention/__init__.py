@@ -10,7 +10,7 @@ logical key of a paged KV cache lives (PA_BSND, spec 4.11).
 
 from __future__ import annotations
 
-from . import body, examples, fusion, targets, vjp  # noqa: F401  (each registers its part of the family)
+from . import body, examples, fusion, fusion_top_k, targets, vjp  # noqa: F401  (each registers its part of the family)
 from .schema import FORWARD, GRAD, INT64_MAX, PAGED, is_paged, role_sizes
 
 __all__ = ["FORWARD", "GRAD", "INT64_MAX", "PAGED", "is_paged", "role_sizes"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto, helper
 
 import geir
 from geir.testing import reference
@@ -413,6 +414,101 @@ def _attention_case(data) -> Case:
                 special=special)
 
 
+FLOAT, FLOAT16, INT32, INT64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64
+
+
+def _bool_tensor(value: bool) -> TensorProto:
+    return helper.make_tensor("value", TensorProto.BOOL, [1], [value])
+
+
+def _top_k_ids(scores: np.ndarray, k: int, largest: bool) -> np.ndarray:
+    """ONNX TopK's indices along the last axis (equal values: the lower index first), sorted."""
+    order = np.argsort(-scores if largest else scores, axis=-1, kind="stable")
+    return order[..., :k]
+
+
+def _top_k_case(data) -> Case:
+    """DeepSeek-V3.2's eager attention: TopK key ids scattered into a "not selected" mask that fills an additive
+    causal mask (or the scores) before the softmax; near variants: another additive mask, unsqueeze axis, K, fill,
+    more query rows than keys, the selection's polarity, a float32 softmax between Casts."""
+    b, s = data.draw(st.integers(1, 2), label="B"), data.draw(st.integers(1, 4), label="S")
+    t = data.draw(st.integers(max(1, s - 1), 6), label="T")
+    n1 = data.draw(st.sampled_from([1, 2, 4]), label="N1")
+    n2 = data.draw(st.sampled_from([n1, n1, 1]), label="N2")
+    k, d2 = data.draw(st.integers(1, t), label="K"), data.draw(st.sampled_from([2, 4]), label="D2")
+    form = data.draw(st.sampled_from(["additive", "additive", "fill scores", "fill scores + mask"]), label="form")
+    near = data.draw(st.sampled_from(["none", "none", "none", "mask", "fill", "unsqueeze"]), label="near variant")
+    mask = data.draw(st.sampled_from(["top-left", "window"]), label="additive mask") if near == "mask" else \
+        data.draw(st.sampled_from(["causal", "causal", "none"]), label="additive mask")
+    fill = -1e4 if near == "fill" else data.draw(st.sampled_from([-np.inf, float(np.finfo(np.float16).min)]),
+                                                  label="fill")
+    unsqueeze = 2 if near == "unsqueeze" else 1
+    polarity = data.draw(st.booleans(), label="True where not selected")
+    largest = data.draw(st.booleans(), label="TopK largest")
+    casts = data.draw(st.sampled_from([[], [INT32, INT64], [INT64]]), label="id casts")
+    float32_softmax = data.draw(st.booleans(), label="softmax in float32")
+    scale_op, factor = data.draw(st.sampled_from([("Mul", 0.5), ("Div", 2.0)]), label="scale")
+    rng = _rng(data)
+    g = _B("top_k_attention")
+    q = g.b.input("q", "float16", (b, n1, s, 4))
+    key, value = g.b.input("k", "float16", (b, n2, t, 4)), g.b.input("v", "float16", (b, n2, t, d2))
+    index_scores = g.b.input("r", "float16", (b, s, t))
+    ids = g.b.op("TopK", index_scores, g.ints([k]), axis=-1, largest=int(largest), sorted=1)[1]
+    for dtype in casts:
+        ids = g.b.op("Cast", ids, to=dtype)
+    if data.draw(st.booleans(), label="mask from ConstantOfShape"):
+        data_ = g.b.op("ConstantOfShape", g.ints([b, s, t]), value=_bool_tensor(polarity))
+    else:
+        data_ = g.b.constant("everywhere", np.full((b, s, t), polarity))
+    updates = g.b.op("ConstantOfShape", g.ints([b, s, k]), value=_bool_tensor(not polarity))
+    selection = g.b.op("Unsqueeze", g.b.op("ScatterElements", data_, g.b.op("Cast", ids, to=INT64), updates,
+                                           axis=-1), g.ints([unsqueeze]))
+    rows, cols = np.arange(s)[:, None], np.arange(t)[None, :]
+    visible = {"causal": cols <= rows + t - s, "none": np.ones((s, t), bool), "top-left": cols <= rows,
+               "window": (cols <= rows + t - s) & (cols > rows + t - s - 2)}[mask]
+    additive = np.where(visible, 0.0, fill).astype(np.float16)[None, None]
+    fill_value = g.b.constant("fill", np.array(fill, np.float16))
+    scores = g.b.op(scale_op, g.b.op("MatMul", q, g.b.op("Transpose", key, perm=[0, 1, 3, 2])),
+                    g.b.constant("factor", np.array(factor, np.float16)))
+
+    def where(other):
+        return g.b.op("Where", selection, fill_value, other) if polarity else \
+            g.b.op("Where", selection, other, fill_value)
+    if form == "additive":
+        logits = g.b.op("Add", scores, where(g.b.constant("mask", additive)))
+    elif form == "fill scores":
+        logits, visible = where(scores), np.ones((s, t), bool)
+    else:
+        logits = where(g.b.op("Add", scores, g.b.constant("mask", additive)))
+    if float32_softmax:
+        probs = g.b.op("Cast", g.b.op("Softmax", g.b.op("Cast", logits, to=FLOAT), axis=-1), to=FLOAT16)
+    else:
+        probs = g.b.op("Softmax", logits, axis=-1)
+    g.b.output(g.b.op("MatMul", probs, value), "out")
+    feeds, special = [], False
+    masked_indexer = data.draw(st.booleans(), label="indexer masks hidden keys")
+    for _ in range(2):
+        f = {"q": _normal(rng, (b, n1, s, 4), np.float16), "k": _normal(rng, (b, n2, t, 4), np.float16),
+             "v": _normal(rng, (b, n2, t, d2), np.float16), "r": _normal(rng, (b, s, t), np.float16)}
+        top = np.float16(60000 if largest else -60000)
+        if masked_indexer:                                   # the indexer scores hidden keys lowest, as DSV3.2's
+            f["r"] = np.where(np.broadcast_to(visible, (b, s, t)), f["r"], -top)
+        else:                # any order, but one visible key first in each row that has one (the others anywhere)
+            first = np.argmax(visible * rng.random((b, s, t)), axis=-1)
+            np.put_along_axis(f["r"], first[..., None], np.where(visible.any(-1), top, f["r"][..., 0])[..., None],
+                              axis=-1)
+        if feeds and data.draw(st.sampled_from([False, False, True]), label="a non-finite key"):
+            f["k"][..., rng.integers(t), 0] = rng.choice([np.inf, np.nan])
+            special = True
+        picked = _top_k_ids(f["r"].astype(np.float64), k, largest)
+        seen = np.take_along_axis(np.broadcast_to(visible, (b, s, t)), picked, axis=-1)
+        special |= bool((~seen.any(axis=-1)).any())         # a row with no visible selected key
+        feeds.append(f)
+    legal = unsqueeze == 1 and (form == "fill scores" or mask in ("causal", "none")) and \
+        not (form != "fill scores" and mask == "causal" and s > t) and fill != -1e4
+    return Case(g.b.build(), feeds, legal, dtype="float16", special=special)
+
+
 # -- the proof -------------------------------------------------------------------------------------------------------
 CASES: dict[str, Callable] = {
     "rotary half": lambda data: _rope_case(data, "half"),
@@ -423,6 +519,7 @@ CASES: dict[str, Callable] = {
     "rotary partial": _partial_case,
     "MoE unpermute": _moe_case,
     "sparse attention": _attention_case,
+    "sparse attention top-k mask": _top_k_case,
 }
 """A generator per registered pattern, keyed by the pattern's name up to its formula."""
 

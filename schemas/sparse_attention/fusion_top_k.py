@@ -1,0 +1,305 @@
+"""Fusion pattern of the attention family: dense attention whose scores a top-k key selection masks ->
+SparseFlashAttention.
+
+This is how DeepSeek-V3.2's eager attention reaches ONNX: the indexer picks K keys per query row with TopK, the
+picks are scattered into a boolean "not selected" mask, and the mask fills an additive attention mask (or the
+scores) with a large negative before the softmax::
+
+    notsel = ScatterElements(all True (B, S, T), TopK(index_scores, K).indices, all False, axis=-1)
+    mask   = Where(Unsqueeze(notsel, 1), fill, causal)          # fill: -inf or the dtype's lowest finite value
+    out    = Softmax(q @ kT * scale + mask) @ v                  # q (B, N1, S, D), kT (B, N2, D, T), v (B, N2, T, D2)
+
+(also ``Where(Unsqueeze(notsel, 1), fill, scores)`` without an additive mask, the selection as True-where-selected
+with the branches swapped, and the softmax computed in float32 between two Casts). ``causal`` is a constant that is 0
+where a key is visible and the fill elsewhere: bottom-right causal (sparse_mode 3) or all visible (sparse_mode 0).
+It becomes SparseFlashAttention in the BSND layout with the top-k ids as ``sparse_indices`` (one row per KV head),
+between Transposes of query, key, value and output.
+
+The ids are TopK's indices along the last axis, so distinct and in range: the op's index rule (SA-D3) holds for
+every input. The op reads a row's first ``min(K, visible keys)`` entries only (spec 4.5), while the mask keeps every
+selected visible key wherever TopK put it; so the ids are converted in the graph first: a key the causal mask hides
+becomes -1, and each row is sorted so that its padding trails. Where the op's meaning differs from the subgraph's,
+the match says so (``differs_on``): the op skips a masked key, where the subgraph adds the fill to its score (a
+non-finite score there, or one as large as the fill, changes the subgraph's row), and a query row with no visible
+selected key is zeros in the op, NaN or an average of masked keys in the subgraph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+from ..patterns import INT32, GraphView, Match, NearMiss, register_pattern
+from .fusion import _scale
+from .schema import FORWARD
+
+_TO_BSND, _KT_TO_BSND = [0, 2, 1, 3], [0, 3, 1, 2]
+
+
+def _softmax_of(view: GraphView, probs):
+    """(softmax node, its logits, the nodes) when ``probs`` is Softmax(logits), possibly computed in float32 between
+    Casts (``softmax(x, dtype=float32).to(x.dtype)``; the first Cast is absent where x is float32), else None."""
+    nodes = []
+    back = view.producer(probs, "Cast")
+    if back is not None:
+        probs, nodes = back.inputs[0], [back]
+    softmax = view.producer(probs, "Softmax")
+    if softmax is None:
+        return None
+    logits, nodes = softmax.inputs[0], [*nodes, softmax]
+    there = view.producer(logits, "Cast") if back is not None else None
+    if there is not None:
+        logits, nodes = there.inputs[0], [*nodes, there]
+    return softmax, logits, nodes
+
+
+def _all_of(view: GraphView, value, expected: bool) -> bool:
+    """Whether ``value`` is a constant (or ConstantOfShape of a static shape) whose every element is ``expected``."""
+    array = view.constant(value)
+    if array is None:
+        node = view.producer(value, "ConstantOfShape")
+        if node is None or view.folded(node.inputs[0]) is None:
+            return False
+        fill = node.attributes.get("value")
+        array = np.zeros(1, np.float32) if fill is None else \
+            numpy_helper.to_array(fill) if isinstance(fill, TensorProto) else np.asarray(fill)
+    return array.size > 0 and bool((array.astype(bool) == expected).all())
+
+
+def _top_k_ids(view: GraphView, ids):
+    """TopK's indices output when ``ids`` is that output along the last axis, through integer Casts that hold every id
+    (each is below the axis' size), else None."""
+    widths = []
+    while (cast := view.producer(ids, "Cast")) is not None:
+        if cast.inputs[0].type.dtype.numpy.kind not in "iu" or ids.type.dtype.numpy.kind not in "iu":
+            return None
+        widths.append(int(np.iinfo(ids.type.dtype.numpy).max))
+        ids = cast.inputs[0]
+    top = ids.producer
+    if top is None or top.op_type != "TopK" or top.domain != "" or top.outputs[1] is not ids:
+        return None
+    rank, size = len(top.inputs[0].type.shape), top.inputs[0].type.shape[-1]
+    if int(top.attributes.get("axis", -1)) % rank != rank - 1 or not isinstance(size, int) or \
+            any(size - 1 > width for width in widths):
+        return None
+    return ids
+
+
+def _selection(view: GraphView, condition):
+    """(ids, polarity, nodes) when ``condition`` is Unsqueeze(ScatterElements(all b, TopK ids, all not b, axis -1),
+    axis 1): True where a key is not selected when ``polarity`` (b True), where it is selected otherwise; else None
+    (no top-k selection), or a NearMiss when it is almost one."""
+    unsqueeze = view.producer(condition, "Unsqueeze")
+    scatter = view.producer(unsqueeze.inputs[0] if unsqueeze is not None else None, "ScatterElements")
+    if scatter is None:
+        return None
+    if view.ints(unsqueeze.inputs[1]) != [1]:
+        return NearMiss("the top-k selection mask is not Unsqueeze(selection, axis 1): it would not broadcast over "
+                        "the heads of (B, N, S, T) scores")
+    data, ids, updates = scatter.inputs
+    if not (data.type.is_static and ids.type.is_static):
+        return NearMiss("the top-k selection mask's shape is computed when the graph runs (a dynamic export): "
+                        "matches with static shapes")
+    rank = len(data.type.shape)
+    if scatter.attributes.get("reduction", "none") not in ("none", b"none") or \
+            int(scatter.attributes.get("axis", 0)) % rank != rank - 1 or rank != 3:
+        return NearMiss("the selection is not scattered along the keys (ScatterElements of a (B, S, T) mask on its "
+                        "last axis, no reduction)")
+    top_ids = _top_k_ids(view, ids)
+    if top_ids is None:
+        return NearMiss("the selection mask is scattered from ids that are not TopK's indices along the keys: the "
+                        "op needs distinct ids in range (SA-D3), which TopK proves")
+    polarity = _all_of(view, data, True)
+    if not (polarity or _all_of(view, data, False)) or not _all_of(view, updates, not polarity):
+        return NearMiss("the selection mask is not one constant value with the selected keys set to the other")
+    if tuple(ids.type.shape[:-1]) != tuple(data.type.shape[:-1]):
+        return NearMiss(f"the top-k ids {ids.type.shape} do not give one row per query row of the mask "
+                        f"{data.type.shape}")
+    nodes = [unsqueeze, scatter, *(n for n in (data.producer, updates.producer) if n is not None)]
+    return top_ids, polarity, nodes
+
+
+def _fill_of(view: GraphView, value, dtype) -> float | None:
+    """The fill value when ``value`` is the constant -inf or ``dtype``'s lowest finite value, else None."""
+    fill = view.scalar(value)
+    lowest = float(np.finfo(dtype).min) if dtype.kind == "f" or dtype.name == "bfloat16" else None
+    return fill if fill is not None and (fill == float("-inf") or fill == lowest) else None
+
+
+def _masked_logits(view: GraphView, logits, dtype):
+    """(scaled scores, selection, additive mask or None, fill, nodes) for the forms the module docstring lists;
+    None when the logits carry no top-k selection; a NearMiss when they almost do."""
+    add = view.producer(logits, "Add")
+    if add is not None:                        # scores + Where(selection, fill, causal)
+        for i in (0, 1):
+            where = view.producer(add.inputs[1 - i], "Where")
+            if where is not None:
+                found = _where_of(view, where, dtype)
+                if found is not None:
+                    if isinstance(found, NearMiss):
+                        return found
+                    selection, fill, base = found
+                    return add.inputs[i], selection, base, fill, [add, where, *selection[2]]
+        return None
+    where = view.producer(logits, "Where")     # Where(selection, fill, scores [+ causal])
+    found = _where_of(view, where, dtype) if where is not None else None
+    if found is None or isinstance(found, NearMiss):
+        return found
+    selection, fill, scores = found
+    base, nodes = None, [where, *selection[2]]
+    inner = view.producer(scores, "Add")
+    if inner is not None:
+        for i in (0, 1):
+            if view.constant(inner.inputs[1 - i]) is not None:
+                scores, base, nodes = inner.inputs[i], inner.inputs[1 - i], [*nodes, inner]
+                break
+    return scores, selection, base, fill, nodes
+
+
+def _where_of(view: GraphView, where, dtype):
+    """(selection, fill, other branch) when ``where`` fills the unselected keys, else None or a NearMiss."""
+    condition, when_true, when_false = where.inputs
+    selection = _selection(view, condition)
+    if selection is None or isinstance(selection, NearMiss):
+        return selection
+    fill_value, other = (when_true, when_false) if selection[1] else (when_false, when_true)
+    fill = _fill_of(view, fill_value, dtype)
+    if fill is None:
+        return NearMiss("the unselected keys are not filled with -inf or the dtype's lowest finite value")
+    return selection, fill, other
+
+
+def _mode_of(base: np.ndarray | None, fill: float, shape: tuple[int, ...]) -> int | NearMiss:
+    """sparse_mode 0 when the additive mask hides nothing, 3 when it hides exactly the keys after bottom-right
+    causal (key j visible to query row s iff j <= s + T - S) with the fill, else a NearMiss."""
+    if base is None:
+        return 0
+    b, _, s, t = shape
+    try:
+        full = np.broadcast_to(base, (b, 1, s, t)) if base.ndim <= 4 else None
+    except ValueError:
+        full = None
+    if full is None:
+        return NearMiss(f"the additive mask {base.shape} does not broadcast to (B, 1, S, T) = {(b, 1, s, t)} (one "
+                        f"mask for every head)")
+    visible = full == 0
+    hidden = (full == fill) | (full == -np.inf)
+    causal = np.arange(t)[None, :] <= np.arange(s)[:, None] + (t - s)
+    if not (visible | hidden).all():
+        return NearMiss("the additive mask holds values other than 0 and the fill: it weights keys, it does not "
+                        "only hide them")
+    if visible.all():
+        return 0
+    if (visible == causal).all():
+        return 3
+    return NearMiss("the additive mask is neither causal (bottom-right) nor empty: padding or a window is not a "
+                    "SparseFlashAttention mode")
+
+
+_SCORE_STEPS = ("Add", "Sub", "Mul", "Div", "Where", "Tanh", "Cast", "Concat")
+
+
+def _softmax_behind(view: GraphView, probs):
+    """The Softmax that ``probs`` is, through Casts and a Slice (attention sinks concatenated and sliced off)."""
+    for _ in range(4):
+        node = view.producer(probs, "Softmax", "Cast", "Slice")
+        if node is None or node.op_type == "Softmax":
+            return node
+        probs = node.inputs[0]
+    return None
+
+
+def _scores_behind(view: GraphView, value, depth: int) -> bool:
+    """Whether ``value`` is computed from a MatMul within ``depth`` elementwise steps (scale, softcap, additive mask,
+    sinks, Casts), reading only values computed in the graph."""
+    node = value.producer
+    if node is None or node.domain != "" or depth < 0:
+        return False
+    if node.op_type == "MatMul":
+        return True
+    return node.op_type in _SCORE_STEPS and any(
+        v is not None and v.producer is not None and _scores_behind(view, v, depth - 1) for v in node.inputs)
+
+
+@register_pattern("sparse attention top-k mask (softmax(q @ k^T * scale + top-k mask) @ v)", "MatMul")
+def _top_k_mask(view: GraphView, matmul):
+    probs, values = matmul.inputs
+    if view.producer(values, "Gather") is not None:           # the gathered form: the other pattern's
+        return None
+    found = _softmax_of(view, probs)
+    masked = _masked_logits(view, found[1], found[1].type.dtype.numpy) if found is not None else None
+    if masked is None:
+        softmax = _softmax_behind(view, probs)                 # an attention-like site: reported, not skipped
+        if softmax is not None and _scores_behind(view, softmax.inputs[0], 6):
+            return NearMiss("attention over every key (no top-k selection masks the scores): dense attention stays "
+                            "standard ops; SparseFlashAttention fuses where a top-k selection masks them")
+        return None
+    softmax, logits, softmax_nodes = found
+    if isinstance(masked, NearMiss):
+        return masked
+    scaled = _scale(view, masked[0])
+    product = view.producer(scaled[1] if scaled is not None else None, "MatMul")
+    if int(softmax.attributes.get("axis", -1)) % len(logits.type.shape) != len(logits.type.shape) - 1:
+        return NearMiss("the softmax is not over the last axis (the keys)")
+    _, (ids, polarity, _), base_value, fill, mask_nodes = masked
+    if scaled is None or product is None:
+        return NearMiss("the masked scores are not q @ k^T scaled by a constant scalar")
+    scale, _, scale_node = scaled
+    query, key_t = product.inputs
+    shapes = [tuple(v.type.shape) for v in (query, key_t, values, logits)]
+    if any(len(s) != 4 for s in shapes) or not all(v.type.is_static for v in (query, key_t, values, logits)):
+        return NearMiss(f"matches (B, N, S, D) @ (B, N2, D, T) attention with static shapes; the shapes are "
+                        f"{shapes}")
+    (b, n1, s, d), (_, n2, _, t), (_, nv, _, d2) = shapes[:3]
+    if shapes[3] != (b, n1, s, t) or shapes[1][0] != b or shapes[2][:3] != (b, n2, t) or nv != n2 or \
+            n2 not in (n1, 1) or tuple(ids.type.shape[:2]) != (b, s):
+        return NearMiss(f"query {shapes[0]}, keys^T {shapes[1]}, values {shapes[2]} and ids {ids.type.shape} are not "
+                        f"one attention: (B, N1, S, D), (B, N2, D, T), (B, N2, T, D2), (B, S, K) with N2 = N1 or 1")
+    base = None
+    if base_value is not None:
+        base = view.constant(base_value)
+        if base is None:
+            return NearMiss("the additive mask is computed when the graph runs (a dynamic export): matches a "
+                            "constant one, as static exports write it")
+        base = np.asarray(base, np.float64)
+    mode = _mode_of(base, fill, (b, n1, s, t))
+    if isinstance(mode, NearMiss):
+        return mode
+    if mode == 3 and s > t:
+        return NearMiss(f"causal with more query rows ({s}) than keys ({t}): the first {s - t} rows see no key, zeros "
+                        f"in the op where the subgraph gives NaN or an average of hidden keys, whatever the input")
+    k = int(ids.type.shape[-1])
+    differs_on = (f"SparseFlashAttention skips a key the mask hides, where the subgraph adds {fill} to its score (a "
+                  f"non-finite score there, or one as large as the fill, changes the subgraph's row), and gives zeros "
+                  f"for a query row with no visible selected key, where the subgraph gives NaN or an average of "
+                  f"hidden keys")
+
+    def bsnd(perm):
+        def transform(builder, value, name):
+            return builder.op("Transpose", value, perm=perm, name=name)
+        return transform
+
+    def sparse_ids(builder, top_ids, name):
+        dtype = top_ids.type.dtype.numpy
+        if mode == 3:                  # hidden keys become -1, the padding trails: the op reads every visible one
+            bound = builder.constant(f"{name}_bound", (np.arange(s) + (t - s) + 1).reshape(s, 1).astype(dtype))
+            kept = builder.op("Where", builder.op("Less", top_ids, bound, name=f"{name}_visible"), top_ids,
+                              builder.constant(f"{name}_padding", np.array(-1, dtype)), name=f"{name}_hidden")
+            count = builder.constant(f"{name}_k", np.array([k], np.int64))
+            top_ids = builder.op("TopK", kept, count, axis=-1, largest=1, sorted=1, name=f"{name}_trail")[0]
+        rows = builder.op("Unsqueeze", top_ids, builder.constant(f"{name}_axis", np.array([2], np.int64)),
+                          name=f"{name}_rows")
+        if n2 == 1:
+            return rows
+        return builder.op("Expand", rows, builder.constant(f"{name}_heads", np.array([b, s, n2, k], np.int64)),
+                          name=name)
+
+    def back_to_bnsd(builder, out, inputs, name):
+        return builder.op("Transpose", out, perm=_TO_BSND, name=name)
+
+    return Match(FORWARD.op_type, [query, key_t, values, ids, None, None, None], {
+        "scale_value": float(np.float32(scale)), "sparse_block_size": 1, "layout_query": "BSND",
+        "layout_kv": "BSND", "sparse_mode": mode}, matmul.outputs[0],
+        [matmul, *softmax_nodes, *mask_nodes, scale_node, product],
+        transforms={0: bsnd(_TO_BSND), 1: bsnd(_KT_TO_BSND), 2: bsnd(_TO_BSND), 3: sparse_ids},
+        casts={3: INT32}, finish=back_to_bnsd, differs_on=differs_on)

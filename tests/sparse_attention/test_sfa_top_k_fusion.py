@@ -1,0 +1,103 @@
+"""geir.fuse on dense attention masked by a top-k key selection (DeepSeek-V3.2's eager attention, as exporters write
+it): it becomes SparseFlashAttention (BSND, causal mode 3 or mode 0), computes what the original did even where TopK
+puts a visible key after hidden ones, and its near misses say why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import geir
+from geir.testing import reference
+
+B, N, S, T, D = 1, 2, 4, 4, 4
+
+
+def _top_k_attention(*, k=4, mask="causal", dtype="float16", key_heads=N, s=S, t=T, form="additive"):
+    """softmax(q @ k^T * 0.5 + Where(Unsqueeze(not selected, 1), -inf, additive mask)) @ v, the selection scattered
+    from TopK(r, k) ids."""
+    b = geir.GraphBuilder("top_k_attention")
+    q = b.input("q", dtype, (B, N, s, D))
+    key, value = b.input("k", dtype, (B, key_heads, t, D)), b.input("v", dtype, (B, key_heads, t, D))
+    index_scores = b.input("r", dtype, (B, s, t))
+    ids = b.op("TopK", index_scores, b.constant("count", np.array([k], np.int64)), axis=-1)[1]
+    updates = b.op("ConstantOfShape", b.constant("ids_shape", np.array([B, s, k], np.int64)),
+                   value=helper.make_tensor("value", TensorProto.BOOL, [1], [False]))
+    unselected = b.op("ScatterElements", b.constant("all", np.ones((B, s, t), bool)), ids, updates, axis=-1)
+    condition = b.op("Unsqueeze", unselected, b.constant("axis1", np.array([1], np.int64)))
+    rows, cols = np.arange(s)[:, None], np.arange(t)[None, :]
+    visible = {"causal": cols <= rows + t - s, "none": np.ones((s, t), bool), "window": abs(cols - rows) <= 1}[mask]
+    additive = b.constant("mask", np.where(visible, 0, -np.inf).astype(dtype)[None, None])
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", key, perm=[0, 1, 3, 2])),
+                  b.constant("scale", np.array(0.5, dtype)))
+    minus_inf = b.constant("minus_inf", np.array(-np.inf, dtype))
+    logits = b.op("Add", scores, b.op("Where", condition, minus_inf, additive)) if form == "additive" else \
+        b.op("Where", condition, minus_inf, scores)
+    b.output(b.op("MatMul", b.op("Softmax", logits, axis=-1), value), "out")
+    return b.build()
+
+
+def _feeds(r, *, key_heads=N, s=S, t=T, dtype=np.float16):
+    rng = np.random.default_rng(7)
+    return {"q": rng.standard_normal((B, N, s, D)).astype(dtype),
+            "k": rng.standard_normal((B, key_heads, t, D)).astype(dtype),
+            "v": rng.standard_normal((B, key_heads, t, D)).astype(dtype), "r": np.asarray(r, dtype)}
+
+
+LATE = [[[0, 1, 2, 3]] * S]
+"""Index scores that make TopK list the hidden (future) keys first: row 0 sees key 0 only, which comes last. The op
+reads a row's first min(K, visible) entries, so the ids must be reordered for the fused graph to keep key 0."""
+
+
+@pytest.mark.parametrize("key_heads", [N, 1])
+@pytest.mark.parametrize("r", [LATE, [[[3, 2, 1, 0]] * S], [[[0, 5, 1, 4]] * S]])
+def test_top_k_masked_attention_becomes_causal_sparse_flash_attention(r, key_heads):
+    original = _top_k_attention(key_heads=key_heads)
+    fused, report = geir.fuse(original, allow_stricter_data=True)
+    attention = [n for n in fused.nodes if n.op_type == "SparseFlashAttention"]
+    assert len(attention) == 1 and report.fused[0].pattern.startswith("sparse attention top-k mask"), report
+    attrs = attention[0].attributes
+    assert (attrs["layout_query"], attrs["layout_kv"], attrs["sparse_mode"], attrs["sparse_block_size"],
+            attrs["scale_value"]) == ("BSND", "BSND", 3, 1, 0.5)
+    assert attention[0].inputs[3].type.shape == (B, S, key_heads, 4)          # one id row per KV head
+    feeds = _feeds(r, key_heads=key_heads)
+    np.testing.assert_allclose(reference(fused, feeds, rounded=False)["out"],
+                               reference(original, feeds, rounded=False)["out"], rtol=1e-12, atol=1e-12)
+    for runtime in ("numpy", "onnxruntime"):
+        want, got = (geir.run(g, feeds, runtime=runtime)["out"].astype(np.float32) for g in (original, fused))
+        np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3)
+
+
+def test_selection_without_an_additive_mask_is_mode_0_and_fewer_keys_than_rows_are_read():
+    original = _top_k_attention(k=2, form="fill scores")
+    fused, _ = geir.fuse(original, allow_stricter_data=True)
+    assert [n.attributes["sparse_mode"] for n in fused.nodes if n.op_type == "SparseFlashAttention"] == [0]
+    feeds = _feeds([[[0, 3, 1, 2]] * S])
+    np.testing.assert_allclose(reference(fused, feeds, rounded=False)["out"],
+                               reference(original, feeds, rounded=False)["out"], rtol=1e-12, atol=1e-12)
+
+
+def _only_miss(graph, *, strict=True):
+    _, report = geir.fuse(graph, allow_stricter_data=strict)
+    assert not report.fused, report
+    return [m.reason for m in report.near_misses if m.pattern.startswith("sparse attention top-k")]
+
+
+def test_near_misses_say_why():
+    assert "neither causal (bottom-right) nor empty" in _only_miss(_top_k_attention(mask="window"))[0]
+    assert "more query rows (4) than keys (3)" in _only_miss(_top_k_attention(k=3, t=3))[0]
+    assert "expected dtype in {float16, bfloat16}, got float32" in _only_miss(_top_k_attention(dtype="float32"))[0]
+    reason = _only_miss(_top_k_attention(), strict=False)[0]       # a hidden key's score plus -inf: NaN if +inf
+    assert "skips a key the mask hides" in reason and "allow_stricter_data=True" in reason
+
+
+def test_dense_attention_is_reported_not_skipped():
+    b = geir.GraphBuilder("dense")
+    q, k, v = (b.input(n, "float16", (B, N, S, D)) for n in "qkv")
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2])),
+                  b.constant("scale", np.array(0.5, np.float16)))
+    causal = np.where(np.tri(S, dtype=bool), 0, -np.inf).astype(np.float16)[None, None]
+    logits = b.op("Add", scores, b.constant("causal", causal))
+    b.output(b.op("MatMul", b.op("Softmax", logits, axis=-1), v), "out")
+    assert _only_miss(b.build())[0].startswith("attention over every key (no top-k selection masks the scores)")
