@@ -11,6 +11,8 @@ import pytest
 import torch
 import transformers
 
+from geir.tools.bench_models import embedded
+
 HIDDEN = 32
 SMALL = dict(hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=64, max_position_embeddings=64, attn_implementation="eager")
@@ -62,19 +64,6 @@ geir must refuse them at import with a GraphError, never run them."""
 
 
 
-
-class Embedded(torch.nn.Module):
-    """The model from its input embeddings (a full attention mask, as users pass one) to its last hidden state."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mask = torch.ones(x.shape[:2], dtype=torch.long)
-        return self.model(inputs_embeds=x, attention_mask=mask, use_cache=False).last_hidden_state
-
-
 def model(family: str, dtype: torch.dtype = torch.float64, **changes: object) -> torch.nn.Module:
     """The family's tiny model in ``dtype``, its config with ``changes``."""
     stem, config = FAMILIES[family]
@@ -82,7 +71,7 @@ def model(family: str, dtype: torch.dtype = torch.float64, **changes: object) ->
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         made = getattr(transformers, f"{stem}Config")(**{**config, **changes})
-        return Embedded(getattr(transformers, f"{stem}Model")(made).eval().to(dtype))
+        return embedded(getattr(transformers, f"{stem}Model")(made).eval().to(dtype))
 
 
 def export(module: torch.nn.Module, path: Path, exporter: str, dynamic: bool, dtype: torch.dtype = torch.float64,

@@ -28,6 +28,7 @@ from ..schemas.rotary.examples import RotaryCase
 from ._table import format_table
 from .bench_rows import Measurement
 from .bench_onnx import import_measurements, onnx_run_measurements
+from .bench_models import model_measurements, models_available
 from .model_io import CommandError
 
 HEADERS = ("op", "case", "implementation", "ms", "throughput", "vs baseline", "target")
@@ -415,7 +416,7 @@ SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "rotary": rotary_measurements, "moe": moe_measurements, "sfa": sfa_measurements, "sfa-cann": sfa_cann_measurements,
     **{family: family_suite(family) for family in FAMILIES if family not in _OWN_SUITES},
     "overhead": overhead_measurements, "fuse": fuse_measurements, "import": import_measurements,
-    "onnx-run": onnx_run_measurements}
+    "onnx-run": onnx_run_measurements, "models": model_measurements}
 
 
 def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None, plot: str | None = None) -> str:
@@ -457,6 +458,8 @@ def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progr
     from ..runtimes.onnxruntime import native_status
 
     notes = [f"onnxruntime: {native_status()}",
+             *(["models: no rows, it needs torch and transformers (pip install -e '.[models]')"]
+               if "models" in names and not models_available() else []),
              "PyTorch eager: " + ("torch " + _torch().__version__ if _torch() is not None else "not installed"),
              "vs baseline: time per unit of work (byte moved, flop or call) as a multiple of the case's first row's (a "
              "warm np.copyto: per byte, the faster of the op's bytes and 2x or 4x them, as glibc copies large buffers "

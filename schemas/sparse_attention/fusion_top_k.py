@@ -54,7 +54,11 @@ def _softmax_of(view: GraphView, probs):
 
 
 def _all_of(view: GraphView, value, expected: bool) -> bool:
-    """Whether ``value`` is a constant (or ConstantOfShape of a static shape) whose every element is ``expected``."""
+    """Whether ``value`` is a constant (or ConstantOfShape of a static shape, either cast to bool) whose every element
+    is ``expected`` as a bool."""
+    cast = view.producer(value, "Cast")
+    if cast is not None and int(cast.attributes.get("to", 0)) == TensorProto.BOOL:
+        return _all_of(view, cast.inputs[0], expected)     # Cast(ones, bool), as larger exports write it
     array = view.constant(value)
     if array is None:
         node = view.producer(value, "ConstantOfShape")
@@ -259,8 +263,9 @@ def _top_k_mask(view: GraphView, matmul):
     if base_value is not None:
         base = view.constant(base_value)
         if base is None:
-            return NearMiss("the additive mask is computed when the graph runs (a dynamic export): matches a "
-                            "constant one, as static exports write it")
+            return NearMiss("the additive mask is computed in the graph (from the input's shape in a dynamic export, "
+                            "or from constants the exporter did not fold at larger sizes): matches a constant one, "
+                            "as static exports of short sequences write it")
         base = np.asarray(base, np.float64)
     mode = _mode_of(base, fill, (b, n1, s, t))
     if isinstance(mode, NearMiss):

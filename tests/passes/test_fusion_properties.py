@@ -414,7 +414,8 @@ def _attention_case(data) -> Case:
                 special=special)
 
 
-FLOAT, FLOAT16, INT32, INT64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64
+FLOAT, FLOAT16, INT32, INT64, BOOL = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
+                                      TensorProto.BOOL)
 
 
 def _bool_tensor(value: bool) -> TensorProto:
@@ -456,8 +457,11 @@ def _top_k_case(data) -> Case:
     ids = g.b.op("TopK", index_scores, g.ints([k]), axis=-1, largest=int(largest), sorted=1)[1]
     for dtype in casts:
         ids = g.b.op("Cast", ids, to=dtype)
-    if data.draw(st.booleans(), label="mask from ConstantOfShape"):
+    source = data.draw(st.sampled_from(["constant", "ConstantOfShape", "cast"]), label="mask source")
+    if source == "ConstantOfShape":
         data_ = g.b.op("ConstantOfShape", g.ints([b, s, t]), value=_bool_tensor(polarity))
+    elif source == "cast":                             # ones cast to bool, as larger exports write it
+        data_ = g.b.op("Cast", g.b.constant("everywhere", np.full((b, s, t), float(polarity), np.float32)), to=BOOL)
     else:
         data_ = g.b.constant("everywhere", np.full((b, s, t), polarity))
     updates = g.b.op("ConstantOfShape", g.ints([b, s, k]), value=_bool_tensor(not polarity))
