@@ -106,6 +106,24 @@ class GraphView:
             return None
         return self.graph.constants.get(value.name)
 
+    def evaluated(self, value: Any, depth: int = 8) -> np.ndarray | None:
+        """The contents of ``value`` when it is a constant, or computed from constants by elementwise logic and
+        selection (``_ELEMENTWISE``: And, Or, Not, Xor, comparisons, Where), as exporters leave a causal mask they did
+        not fold: NumPy's broadcasting and these ops' results are ONNX's. None when it reads anything else, or would
+        hold more than ``_EVALUATED_ELEMENTS`` elements."""
+        array = self.constant(value)
+        if array is not None:
+            return array
+        node = value.producer if value is not None else None
+        if node is None or node.domain != "" or node.op_type not in _ELEMENTWISE or depth <= 0 or \
+                not value.type.is_static or int(np.prod(value.type.shape)) > _EVALUATED_ELEMENTS:
+            return None
+        parts = [self.evaluated(v, depth - 1) for v in node.inputs]
+        if any(p is None for p in parts):
+            return None
+        result = _ELEMENTWISE[node.op_type](*parts)
+        return result if tuple(result.shape) == tuple(value.type.shape) else None
+
     def ints(self, value: Any) -> list[int] | None:
         array = self.constant(value)
         if array is None or array.dtype.kind not in "iu":
@@ -259,6 +277,15 @@ _SYMBOLIC = np.iinfo(np.int64).min
 
 
 INT64_RANGE = (-2 ** 63, 2 ** 63 - 1)
+
+_ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not,
+    "Equal": np.equal, "Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater,
+    "GreaterOrEqual": np.greater_equal, "Where": np.where,
+}
+"""What ``GraphView.evaluated`` computes: ops whose NumPy function gives ONNX's result, dtype and broadcast."""
+
+_EVALUATED_ELEMENTS = 1 << 24
 
 
 def _integer_division(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:

@@ -34,7 +34,7 @@ BLOCKS: tuple[tuple[str, str, dict[str, Any], str], ...] = (
     ("DeepSeek-V3 MoE block", "DeepseekV3", dict(_MLA, num_attention_heads=4, num_key_value_heads=4,
                                                   moe_intermediate_size=256), "float32"),
     ("DeepSeek-V3.2 attention block", "DeepseekV32", dict(_MLA, num_attention_heads=4, num_key_value_heads=4,
-                                                          moe_intermediate_size=256, head_dim=32, index_topk=16,
+                                                          moe_intermediate_size=256, head_dim=32, index_topk=32,
                                                           index_head_dim=64, index_n_heads=2), "float16"),
 )
 """(case, transformers class stem, config, dtype) of each block; hidden 256, intermediate 512."""
@@ -120,7 +120,7 @@ def _block_rows(case: str, stem: str, config: dict[str, Any], dtype: str, shape:
 def model_measurements(quick: bool) -> list[Measurement]:
     if not models_available():
         return []
-    shape = (1, 32, 256) if quick else (2, 64, 256)      # longer: the exporter leaves the causal mask unfolded
+    shape = (1, 32, 256) if quick else (2, 128, 256)
     folder = Path(tempfile.mkdtemp(prefix="geir-bench-models-"))
     rows: list[Measurement] = []
     for case, stem, config, dtype in BLOCKS:

@@ -154,7 +154,7 @@ def _masked_logits(view: GraphView, logits, dtype):
     inner = view.producer(scores, "Add")
     if inner is not None:
         for i in (0, 1):
-            if view.constant(inner.inputs[1 - i]) is not None:
+            if view.evaluated(inner.inputs[1 - i]) is not None:
                 scores, base, nodes = inner.inputs[i], inner.inputs[1 - i], [*nodes, inner]
                 break
     return scores, selection, base, fill, nodes
@@ -261,11 +261,11 @@ def _top_k_mask(view: GraphView, matmul):
                         f"one attention: (B, N1, S, D), (B, N2, D, T), (B, N2, T, D2), (B, S, K) with N2 = N1 or 1")
     base = None
     if base_value is not None:
-        base = view.constant(base_value)
+        base = view.evaluated(base_value)
         if base is None:
-            return NearMiss("the additive mask is computed in the graph (from the input's shape in a dynamic export, "
-                            "or from constants the exporter did not fold at larger sizes): matches a constant one, "
-                            "as static exports of short sequences write it")
+            return NearMiss("the additive mask is computed from the input's shape (a dynamic export): matches one "
+                            "that is a constant, or computed from constants by elementwise logic, as static exports "
+                            "write it")
         base = np.asarray(base, np.float64)
     mode = _mode_of(base, fill, (b, n1, s, t))
     if isinstance(mode, NearMiss):

@@ -40,3 +40,27 @@ def test_integer_division_truncates_and_overflow_is_not_folded():
 def test_a_constant_int64_min_bound_is_a_bound_not_a_symbol():
     view, bound = _value(lambda b, x: b.constant("end", np.array([-2 ** 63])))
     assert view.folded(bound).tolist() == [-2 ** 63]
+
+
+def test_a_mask_computed_from_constants_is_evaluated_as_the_runtimes_compute_it():
+    """A causal mask exporters leave unfolded: Where(And(rows >= cols, keep), 0, -inf) over constants."""
+    rows, cols = np.arange(4)[:, None], np.arange(4)[None, :]
+
+    def mask(b, x):
+        lower = b.op("GreaterOrEqual", b.constant("rows", rows), b.constant("cols", cols))
+        keep = b.op("And", lower, b.op("Not", b.constant("drop", np.zeros((1, 4), bool))))
+        return b.op("Where", keep, b.constant("zero", np.array(0.0, np.float32)),
+                    b.constant("minus_inf", np.array(-np.inf, np.float32)))
+    view, value = _value(mask)
+    want = np.where(rows >= cols, 0.0, -np.inf).astype(np.float32)
+    got = view.evaluated(value)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    for runtime in ("numpy", "onnxruntime"):                   # what the graph computes when it runs
+        b = geir.GraphBuilder("mask")
+        b.output(mask(b, None), "m")
+        np.testing.assert_array_equal(geir.run(b.build(), {}, runtime=runtime)["m"], want)
+    view, fed = _value(lambda b, x: b.op("Less", x, b.constant("zero", np.array(0.0, np.float32))))
+    assert view.evaluated(fed) is None                          # reads the input
+    view, other = _value(lambda b, x: b.op("Add", b.constant("a", np.ones(2, np.float32)),
+                                           b.constant("b", np.ones(2, np.float32))))
+    assert view.evaluated(other) is None                        # not an op it evaluates

@@ -27,8 +27,14 @@ def _top_k_attention(*, k=4, mask="causal", dtype="float16", key_heads=N, s=S, t
     unselected = b.op("ScatterElements", b.constant("all", np.ones((B, s, t), bool)), ids, updates, axis=-1)
     condition = b.op("Unsqueeze", unselected, b.constant("axis1", np.array([1], np.int64)))
     rows, cols = np.arange(s)[:, None], np.arange(t)[None, :]
-    visible = {"causal": cols <= rows + t - s, "none": np.ones((s, t), bool), "window": abs(cols - rows) <= 1}[mask]
-    additive = b.constant("mask", np.where(visible, 0, -np.inf).astype(dtype)[None, None])
+    visible = {"causal": cols <= rows + t - s, "computed": cols <= rows + t - s, "none": np.ones((s, t), bool),
+               "window": abs(cols - rows) <= 1}[mask]
+    if mask == "computed":                 # as exporters leave it at larger sizes: Where(And(...)) of constants
+        keep = b.op("And", b.op("LessOrEqual", b.constant("cols", cols[None, None]), b.constant("rows", rows + t - s)),
+                    b.constant("padding", np.ones((B, 1, 1, t), bool)))
+        additive = b.op("Where", keep, b.constant("zero", np.array(0, dtype)), b.constant("hide", np.array(-np.inf, dtype)))
+    else:
+        additive = b.constant("mask", np.where(visible, 0, -np.inf).astype(dtype)[None, None])
     scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", key, perm=[0, 1, 3, 2])),
                   b.constant("scale", np.array(0.5, dtype)))
     minus_inf = b.constant("minus_inf", np.array(-np.inf, dtype))
@@ -50,10 +56,11 @@ LATE = [[[0, 1, 2, 3]] * S]
 reads a row's first min(K, visible) entries, so the ids must be reordered for the fused graph to keep key 0."""
 
 
+@pytest.mark.parametrize("mask", ["causal", "computed"])
 @pytest.mark.parametrize("key_heads", [N, 1])
 @pytest.mark.parametrize("r", [LATE, [[[3, 2, 1, 0]] * S], [[[0, 5, 1, 4]] * S]])
-def test_top_k_masked_attention_becomes_causal_sparse_flash_attention(r, key_heads):
-    original = _top_k_attention(key_heads=key_heads)
+def test_top_k_masked_attention_becomes_causal_sparse_flash_attention(r, key_heads, mask):
+    original = _top_k_attention(key_heads=key_heads, mask=mask)
     fused, report = geir.fuse(original, allow_stricter_data=True)
     attention = [n for n in fused.nodes if n.op_type == "SparseFlashAttention"]
     assert len(attention) == 1 and report.fused[0].pattern.startswith("sparse attention top-k mask"), report
