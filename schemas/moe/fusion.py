@@ -172,3 +172,28 @@ def _inverse_permutation(builder, row2slot, name: str):
     rows = builder.constant(f"{name}_rows", np.arange(count, dtype=dtype))
     unwritten = builder.constant(f"{name}_unwritten", np.full(count, count, dtype))
     return builder.op("ScatterElements", unwritten, row2slot, rows, axis=0, name=name)
+
+
+_ROW_STEPS = ("Expand", "Unsqueeze", "Squeeze", "Reshape", "Gather", "Cast", "Slice", "Split", "Transpose", "Flatten")
+
+
+def _picked_by_nonzero(view: GraphView, value, depth: int) -> bool:
+    """Whether ``value`` is computed from a NonZero through index plumbing (Expand, Gather, Reshape, ...)."""
+    node = value.producer if value is not None else None
+    if node is None or node.domain != "" or depth < 0:
+        return False
+    if node.op_type == "NonZero":
+        return True
+    return node.op_type in _ROW_STEPS and _picked_by_nonzero(view, node.inputs[0], depth - 1)
+
+
+@register_pattern("MoE per-expert loop (rows NonZero picked, scattered back per expert)", "ScatterElements")
+def _per_expert_loop(view: GraphView, scatter):
+    """The eager loop over experts (``torch.where(expert_mask[e])`` rows, each expert's output scattered back with
+    ``index_add_``) is a MoE combine geir does not fuse: reported, so that it is not skipped silently."""
+    if int(scatter.attributes.get("axis", 0)) % max(len(scatter.inputs[0].type.shape), 1) != 0 or \
+            not _picked_by_nonzero(view, scatter.inputs[1], 6):
+        return None
+    return NearMiss("a per-expert loop (each expert's rows picked by NonZero, its output scattered back): not a form "
+                    "geir fuses; transformers' experts_implementation='batched_mm' exports the combine that fuses to "
+                    "MoeTokenUnpermute")

@@ -63,3 +63,20 @@ def test_slot_major_rows_times_flattened_probs_are_an_unpermute_with_identity_in
     assert [n.op_type for n in fused.nodes] == ["MoeTokenUnpermute"], report
     assert np.array_equal(fused.constants[fused.nodes[0].inputs[1].name], np.arange(6, dtype=np.int32))
     assert_same_function(original, fused)
+
+
+def test_a_per_expert_loop_is_a_near_miss_not_skipped():
+    """Mixtral's eager experts: each expert's rows picked by NonZero, its output scattered back and added."""
+    b = geir.GraphBuilder("loop")
+    x, ids = b.input("x", "float32", (4, 3)), b.input("ids", "int64", (4,))
+    total = None
+    for e in range(2):
+        tokens = b.op("Squeeze", b.op("NonZero", b.op("Equal", ids, ints(b, e, f"e{e}"))), ints(b, [0], f"row{e}"))
+        out = b.op("MatMul", b.op("Gather", x, tokens, axis=0), b.constant(f"w{e}", np.eye(3, dtype=np.float32)))
+        at = b.op("Expand", b.op("Unsqueeze", tokens, ints(b, [1], f"col{e}")), b.op("Shape", out))
+        back = b.op("ScatterElements", b.constant(f"zeros{e}", np.zeros((4, 3), np.float32)), at, out, axis=0)
+        total = back if total is None else b.op("Add", total, back)
+    b.output(total, "y")
+    fused, report = geir.fuse(b.build(), allow_stricter_data=True)
+    assert not report.fused and [m.pattern.split(" (")[0] for m in report.near_misses] == ["MoE per-expert loop"] * 2
+    assert "experts_implementation='batched_mm'" in report.near_misses[0].reason

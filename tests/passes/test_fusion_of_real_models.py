@@ -35,6 +35,7 @@ FEWER: dict[tuple[str, str, str], tuple[dict[str, int], str | None]] = {
     ("gpt_neox", "torchscript", "static"): ({ROPE: 0}, "rotate_half's pieces are not x[..., :d/2] and x[..., d/2:]"),
     ("gpt_oss", "torchscript", "static"): ({ROPE: 0}, "where the subgraph gives"),
     ("deepseek_v3", "torchscript", "static"): ({ROPE: 2}, None),   # its q and k ropes share one site
+    ("mixtral", "torchscript", "static"): ({}, "a per-expert loop"),
     **{(family, "dynamo", "dynamic"): ({MOE: 0}, "the rows summed over K are not")
        for family in ("qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v32", "gpt_oss")},
 }

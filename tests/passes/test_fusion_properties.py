@@ -340,6 +340,26 @@ def _moe_slot_major_case(data) -> Case:
 PREDICATES = {"GreaterOrEqual": lambda a: a >= 0, "Greater": lambda a: a > -1, "Not": lambda a: a != -1}
 
 
+def _moe_loop_case(data) -> Case:
+    """The eager per-expert loop (rows picked by NonZero, each expert's output scattered back and added): geir does
+    not fuse it, and must say so rather than skip it; the case proves that nothing is rewritten."""
+    t, h, experts = data.draw(st.integers(1, 4), label="T"), data.draw(st.integers(1, 3), label="H"), 2
+    rng = _rng(data)
+    g = _B("moe_loop")
+    x, ids = g.b.input("x", "float32", (t, h)), g.b.input("ids", "int64", (t,))
+    total = None
+    for e in range(experts):
+        tokens = g.b.op("Squeeze", g.b.op("NonZero", g.b.op("Equal", ids, g.ints(e))), g.ints([0]))
+        out = g.b.op("MatMul", g.b.op("Gather", x, tokens, axis=0),
+                     g.b.constant(f"w{e}", rng.standard_normal((h, h)).astype(np.float32)))
+        at = g.b.op("Expand", g.b.op("Unsqueeze", tokens, g.ints([1])), g.b.op("Shape", out))
+        back = g.b.op("ScatterElements", g.b.constant(f"zeros{e}", np.zeros((t, h), np.float32)), at, out, axis=0)
+        total = back if total is None else g.b.op("Add", total, back)
+    g.b.output(total, "y")
+    feeds = [{"x": _normal(rng, (t, h), np.float32), "ids": rng.integers(0, experts, t).astype(np.int64)}]
+    return Case(g.b.build(), feeds, canonical=False)
+
+
 def _keys_of(ids: np.ndarray, t2: int, mask: str | None) -> list[list[int]]:
     """The key ids each row reads in the subgraph's meaning."""
     ids = ids.astype(np.int64)
@@ -522,6 +542,7 @@ CASES: dict[str, Callable] = {
     "rotary interleaved backward": lambda data: _rope_case(data, "interleaved backward"),
     "rotary partial": _partial_case,
     "MoE unpermute": _moe_case,
+    "MoE per-expert loop": _moe_loop_case,
     "sparse attention": _attention_case,
     "sparse attention top-k mask": _top_k_case,
 }
