@@ -194,7 +194,13 @@ class _Fusion:
         if match.finish is not None:
             new = match.finish(builder, new, inputs, f"{name}_finish")
         old = match.replaces
-        if new.type.dtype != old.type.dtype or tuple(new.type.shape) != tuple(old.type.shape):
+        if match.same_symbols and new.type.dtype == old.type.dtype and len(new.type.shape) == len(old.type.shape) \
+                and all(a == b or isinstance(a, str) and isinstance(b, str) for a, b in zip(new.type.shape,
+                                                                                          old.type.shape)):
+            for a, b in zip(new.type.shape, old.type.shape):
+                if a != b:
+                    self.graph.symbols.declare_equal(a, b)
+        elif new.type.dtype != old.type.dtype or tuple(new.type.shape) != tuple(old.type.shape):
             raise GraphError(f"{match.op} would give {new.type} where the subgraph gives {old.type}")
         self.bodies.setdefault(match.op, (key, name))
         return new

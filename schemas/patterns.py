@@ -48,6 +48,10 @@ class Match:
     differs_on: str = ""
     """Data on which our op's defined meaning differs from the subgraph's, said as a reason (what the op skips that
     the subgraph multiplies by 0, say); the pass fuses such a match only with ``allow_stricter_data``."""
+    same_symbols: str = ""
+    """Why each symbolic dim of our op's output equals the subgraph's where both run (say the op's rows come from
+    probs (T, K) and the subgraph's from (T*K rows) / K): the pass then declares the two symbols equal instead of
+    refusing a type that names another symbol."""
     finish: Callable[[Any, Any, list[Any], str], Any] | None = None
     """``f(builder, output, inputs, name)``: nodes after our op that keep the subgraph's meaning where the op's
     differs (NaN rows where the subgraph gives NaN, say); ``inputs`` are the op's inputs as built."""

@@ -106,34 +106,82 @@ def _unpermute(view: GraphView, reduce):
 def _slot_major(view: GraphView, product, tokens, topk):
     """(rows, probs, nodes) when ``product`` is ``rows * probs`` with rows (T*K, H) already in slot order (token t's
     k-th expert output at row t*K + k: transformers' batched experts, no permutation) and probs (T, K) reshaped to
-    (T*K, 1) by Reshape, Unsqueeze or Flatten (row-major: slot t*K + k keeps probs[t, k]), else None."""
+    (T*K, 1) by Reshape, Unsqueeze or Flatten (row-major: slot t*K + k keeps probs[t, k]), else None. With a
+    symbolic T (dynamic exports) the flattening must be read from the nodes themselves: ``Reshape(probs, [-1])``
+    then ``Unsqueeze(-1)``, or ``Reshape(probs, [-1, 1])``."""
     mul = view.producer(product, "Mul")
-    if mul is None or not all(isinstance(d, int) for d in (tokens, topk)):
+    if mul is None or not isinstance(topk, int):
         return None
+    static = isinstance(tokens, int)
     for rows, weights in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
-        if len(rows.type.shape) != 2 or rows.type.shape[0] != tokens * topk or \
-                tuple(weights.type.shape) != (tokens * topk, 1):
+        if len(rows.type.shape) != 2 or len(weights.type.shape) != 2 or weights.type.shape[1] != 1 or \
+                static and (rows.type.shape[0] != tokens * topk or weights.type.shape[0] != tokens * topk):
             continue
-        chain, value = [], weights
-        while tuple(value.type.shape) != (tokens, topk) and len(chain) < 3:
-            node = view.producer(value, "Reshape", "Unsqueeze", "Flatten")
-            if node is None:
-                break
-            chain.append(node)
-            value = node.inputs[0]
-        if tuple(value.type.shape) == (tokens, topk):
-            return rows, value, [mul, *chain]
+        found = _flattened(view, weights, tokens, topk) if static else _flattened_symbolic(view, weights, topk)
+        if found is not None:
+            return rows, found[0], [mul, *found[1]]
     return None
 
 
+def _flattened(view: GraphView, weights, tokens: int, topk: int):
+    """(probs, chain) when static ``weights`` (T*K, 1) is probs (T, K) through up to three reshaping nodes."""
+    chain, value = [], weights
+    while tuple(value.type.shape) != (tokens, topk) and len(chain) < 3:
+        node = view.producer(value, "Reshape", "Unsqueeze", "Flatten")
+        if node is None:
+            break
+        chain.append(node)
+        value = node.inputs[0]
+    return (value, chain) if tuple(value.type.shape) == (tokens, topk) else None
+
+
+def _flattened_symbolic(view: GraphView, weights, topk: int):
+    """(probs, chain) when ``weights`` is ``Unsqueeze(Reshape(probs, [-1]), -1)`` or ``Reshape(probs, [-1, 1])`` of
+    probs (T, K) with K == ``topk``: row-major, whatever T is."""
+    unsqueeze = view.producer(weights, "Unsqueeze")
+    if unsqueeze is not None:
+        reshape = view.producer(unsqueeze.inputs[0], "Reshape")
+        if view.ints(unsqueeze.inputs[1]) not in ([-1], [1]) or reshape is None or \
+                view.ints(reshape.inputs[1]) != [-1]:
+            return None
+        chain = [unsqueeze, reshape]
+    else:
+        reshape = view.producer(weights, "Reshape")
+        if reshape is None or view.ints(reshape.inputs[1]) != [-1, 1]:
+            return None
+        chain = [reshape]
+    probs = reshape.inputs[0]
+    return (probs, chain) if len(probs.type.shape) == 2 and probs.type.shape[1] == topk else None
+
+
 def _slot_major_match(view: GraphView, reduce, reshape, rows, probs, nodes) -> Match | NearMiss:
-    """MoeTokenUnpermute of slot-major rows: sorted_indices the identity 0..T*K-1 (slot s reads row s)."""
-    if not isinstance(rows.type.shape[1], int) or tuple(reshape.outputs[0].type.shape) != \
-            (*probs.type.shape, rows.type.shape[1]):
+    """MoeTokenUnpermute of slot-major rows: sorted_indices the identity 0..T*K-1 (slot s reads row s), a constant,
+    or computed from the rows' count when it is symbolic."""
+    if not isinstance(rows.type.shape[1], int) or tuple(reshape.outputs[0].type.shape)[1:] != \
+            (probs.type.shape[1], rows.type.shape[1]):
         return NearMiss("the slot-major rows are not reshaped to (T, K, H)")
     slots = rows.type.shape[0]
-    return Match(FORWARD.op_type, [rows, None, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
-                 constants={1: np.arange(slots, dtype=np.int32)}, differs_on=_zero_weights_differ(view, probs))
+    if isinstance(slots, int) and tuple(reshape.outputs[0].type.shape) == (*probs.type.shape, rows.type.shape[1]):
+        return Match(FORWARD.op_type, [rows, None, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
+                     constants={1: np.arange(slots, dtype=np.int32)}, differs_on=_zero_weights_differ(view, probs))
+    target = view.folded(reshape.inputs[1])
+    if isinstance(slots, int) or target is None or target.tolist() != [-1, probs.type.shape[1], rows.type.shape[1]]:
+        return NearMiss("the slot-major rows are not reshaped to (-1, K, H)")
+    if probs.type.shape[1] == 1:
+        return NearMiss("K = 1 with a symbolic T: the rows' count and T are two symbols the op's rules take for "
+                        "different sizes (with K > 1 they check T * K against the rows when the graph runs)")
+    return Match(FORWARD.op_type, [rows, rows, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
+                 transforms={1: _identity_slots}, casts={1: INT32}, differs_on=_zero_weights_differ(view, probs),
+                 same_symbols="the op's T is probs' rows; the subgraph's is the rows' count / K, and the rows are "
+                              "probs' rows * K wherever the product runs (the op checks it, MU-S rules at run time)")
+
+
+def _identity_slots(builder, rows, name: str):
+    """0..M-1 for the M rows of ``rows``, computed when the graph runs (M is symbolic)."""
+    count = builder.op("Squeeze", builder.op("Shape", rows, start=0, end=1, name=f"{name}_shape"),
+                       builder.constant(f"{name}_axis", np.array([0], np.int64)), name=f"{name}_count")
+    return builder.op("Range", builder.constant(f"{name}_zero", np.array(0, np.int64)), count,
+                      builder.constant(f"{name}_one", np.array(1, np.int64)), name=name)
 
 
 def _zero_weights_differ(view: GraphView, probs) -> str:

@@ -36,8 +36,6 @@ FEWER: dict[tuple[str, str, str], tuple[dict[str, int], str | None]] = {
     ("gpt_oss", "torchscript", "static"): ({ROPE: 0}, "where the subgraph gives"),
     ("deepseek_v3", "torchscript", "static"): ({ROPE: 2}, None),   # its q and k ropes share one site
     ("mixtral", "torchscript", "static"): ({}, "a per-expert loop"),
-    **{(family, "dynamo", "dynamic"): ({MOE: 0}, "the rows summed over K are not")
-       for family in ("qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "deepseek_v32", "gpt_oss")},
 }
 """Where fewer sites fuse than ``SITES``: the counts, and what a near miss says about it ("": some near miss, as each
 family's reason differs; None: none, as every site fused)."""

@@ -312,27 +312,30 @@ def _moe_slot_major_case(data) -> Case:
     transposed first (still row-major: the op reads the transposed values), a sum over another axis."""
     tokens, topk, hidden = (data.draw(st.integers(1, 3), label=n) for n in ("T", "K", "H"))
     slots = tokens * topk
+    symbolic = data.draw(st.booleans(), label="symbolic T (a dynamic export)")
     g = _B("moe_slot_major")
-    rows = g.b.input("rows", "float32", (slots, hidden))
+    rows = g.b.input("rows", "float32", ("m" if symbolic else slots, hidden))
     layout = data.draw(st.sampled_from(["tk", "tk", "kt", "transposed"]), label="probs layout")
-    p = g.b.input("probs", "float32", (topk, tokens) if layout != "tk" else (tokens, topk))
+    t = "t" if symbolic else tokens
+    p = g.b.input("probs", "float32", (topk, t) if layout != "tk" else (t, topk))
     source = g.b.op("Transpose", p, perm=[1, 0]) if layout == "transposed" else p
     if data.draw(st.booleans(), label="flatten then unsqueeze"):
-        weights = g.b.op("Unsqueeze", g.b.op("Reshape", source, g.ints([slots])), g.ints([-1]))
+        weights = g.b.op("Unsqueeze", g.b.op("Reshape", source, g.ints([-1 if symbolic else slots])), g.ints([-1]))
     else:
-        weights = g.b.op("Reshape", source, g.ints([slots, 1]))
+        weights = g.b.op("Reshape", source, g.ints([-1 if symbolic else slots, 1]))
     product = _mul(data, g, rows, weights, "weights order")
     axis = data.draw(st.sampled_from([1, 1, 1, 0]), label="reduce axis")
-    g.b.output(g.b.op("ReduceSum", g.b.op("Reshape", product, g.ints([tokens, topk, hidden])), g.ints([axis]),
-                      keepdims=0), "y")
+    g.b.output(g.b.op("ReduceSum", g.b.op("Reshape", product, g.ints([-1 if symbolic else tokens, topk, hidden])),
+                      g.ints([axis]), keepdims=0), "y")
     rng = _rng(data)
     special = data.draw(st.booleans(), label="zero weights and non-finite rows")
-    f = {"rows": _normal(rng, (slots, hidden), np.float32),
-         "probs": rng.uniform(0.1, 1.0, tuple(p.type.shape)).astype(np.float32)}
+    fed_rows = slots + (topk if symbolic and data.draw(st.booleans(), label="one token more rows") else 0)
+    f = {"rows": _normal(rng, (fed_rows, hidden), np.float32),
+         "probs": rng.uniform(0.1, 1.0, (topk, tokens) if layout != "tk" else (tokens, topk)).astype(np.float32)}
     if special:
         f["rows"].reshape(-1)[rng.integers(slots * hidden, size=2)] = [np.inf, np.nan]
         f["probs"][rng.random(f["probs"].shape) < 0.4] = 0.0
-    canonical = axis == 1 and (layout != "kt" or tokens == topk)
+    canonical = axis == 1 and (layout != "kt" or tokens == topk and not symbolic) and not (symbolic and topk == 1)
     return Case(g.b.build(), [f], canonical, special=special)
 
 
