@@ -23,6 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from ..ir._registry import all_schemas, get_schema
 from .builder import GraphBuilder
 from .external_data import inline_external_data
+from .onnx_symbolic_shapes import symbolic_value_infos
 from ..ir._core import CANN_DOMAIN, Graph, Value
 from ..ir._onnx_body import OPSET
 from ..ir._errors import GraphError, first_line
@@ -186,9 +187,32 @@ def _import(model: ModelProto) -> Graph:
     except Exception:   # it stops where geir's node-by-node inference went on: nothing more to learn
         return graph
     more = _declared_types(inferred.value_info, inferred.output)
+    # then what ONNX Runtime's symbolic inference derives through shape computations: the sequence length a table
+    # is sliced to is 's', where ONNX names it anew (tools/onnx_symbolic_shapes); it wins over ONNX's fresh names
+    if _has_fresh_symbols(graph) and _small_integer_values(graph):
+        more = more | _declared_types(symbolic_value_infos(model))
     if all(refine(v.type, more.get(v.name)) == v.type for v in graph.values() if not v.type.is_static):
         return graph     # nothing to learn: building again would give the same graph
     return _build(model, more | claimed)
+
+
+def _has_fresh_symbols(graph: Graph) -> bool:
+    """Whether a value has a dim of unknown size that is none of the inputs' symbols (or an unknown rank): a size
+    computed in the graph, which symbolic inference may tie to the inputs' symbols."""
+    inputs = {d for v in graph.inputs if v.type.dims is not None for d in v.type.dims if isinstance(d, str)}
+    return any(v.type.dims is None or any(isinstance(d, str) and d not in inputs for d in v.type.dims)
+               for v in graph.values() if v.type.is_tensor)
+
+
+SYMBOLIC_INTEGER_ELEMENTS = 1 << 20
+"""Largest integer tensor a node may compute for symbolic inference to run: the tool evaluates integer values it can
+(shape computations), and would materialise a huge ConstantOfShape of a hostile file."""
+
+
+def _small_integer_values(graph: Graph) -> bool:
+    return all(v.type.dims is None or not v.type.is_static or v.type.dtype.numpy.kind not in "iub"
+               or int(np.prod(v.type.dims)) <= SYMBOLIC_INTEGER_ELEMENTS for v in graph.values()
+               if v.type.is_tensor and v.producer is not None)
 
 
 def _build(model: ModelProto, declared: dict[str, TensorType] | None = None) -> Graph:

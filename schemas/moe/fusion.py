@@ -164,10 +164,9 @@ def _slot_major_match(view: GraphView, reduce, reshape, rows, probs, nodes) -> M
     if isinstance(slots, int) and tuple(reshape.outputs[0].type.shape) == (*probs.type.shape, rows.type.shape[1]):
         return Match(FORWARD.op_type, [rows, None, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
                      constants={1: np.arange(slots, dtype=np.int32)}, differs_on=_zero_weights_differ(view, probs))
-    target = view.folded(reshape.inputs[1])
-    if isinstance(slots, int) or target is None or target.tolist() != [-1, probs.type.shape[1], rows.type.shape[1]]:
-        return NearMiss("the slot-major rows are not reshaped to (-1, K, H)")
-    if probs.type.shape[1] == 1:
+    if isinstance(slots, int):       # static rows, but T not probs' rows
+        return NearMiss("the slot-major rows are not reshaped to (T, K, H) with T the rows of probs")
+    if probs.type.shape[1] == 1:     # the reshape keeps every element: its T is the rows' count / K, however computed
         return NearMiss("K = 1 with a symbolic T: the rows' count and T are two symbols the op's rules take for "
                         "different sizes (with K > 1 they check T * K against the rows when the graph runs)")
     return Match(FORWARD.op_type, [rows, rows, probs], {}, reduce.outputs[0], [reduce, reshape, *nodes],
