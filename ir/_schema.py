@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -175,7 +176,8 @@ class InferContext(_NodeContext):
     def error(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> GraphError:
         symbols = sorted({d for t in self.inputs if t is not None for d in t.shape if isinstance(d, str)})
         if isinstance(got, str) and got in symbols and len(symbols) > 1:
-            other = next(s for s in symbols if s != got)
+            named = [s for s in symbols if s != got and re.search(rf"(?<![\w']){re.escape(s)}(?![\w'])", str(expected))]
+            other = named[0] if named else next(s for s in symbols if s != got)   # the symbol the rule expected
             note = (f"different symbols are different sizes unless declared equal, e.g. "
                     f"GraphBuilder.declare_equal({other!r}, {got!r})")
             hint = f"{hint}; {note}" if hint else note
