@@ -12,6 +12,7 @@ is a GraphError, with the original exception chained.
 from __future__ import annotations
 
 import os
+import re
 
 import networkx as nx
 import numpy as np
@@ -190,10 +191,32 @@ def _import(model: ModelProto) -> Graph:
     # then what ONNX Runtime's symbolic inference derives through shape computations: the sequence length a table
     # is sliced to is 's', where ONNX names it anew (tools/onnx_symbolic_shapes); it wins over ONNX's fresh names
     if _has_fresh_symbols(graph) and _small_integer_values(graph):
-        more = more | _declared_types(symbolic_value_infos(model))
+        more = _tied_to_inputs(graph, more, _declared_types(symbolic_value_infos(model)))
     if all(refine(v.type, more.get(v.name)) == v.type for v in graph.values() if not v.type.is_static):
         return graph     # nothing to learn: building again would give the same graph
     return _build(model, more | claimed)
+
+
+def _tied_to_inputs(graph: Graph, known: dict[str, TensorType], symbolic: dict[str, TensorType]
+                    ) -> dict[str, TensorType]:
+    """``known`` with the dims symbolic inference ties to the inputs: a size, or an expression of the inputs' symbols
+    (``s``, ``2*b*s``). A name it made up itself where it could not tie a dim says nothing, and leaves the dim as it
+    was known (a made-up name would otherwise replace a symbol geir's inference had right)."""
+    inputs = {d for v in graph.inputs if v.type.dims is not None for d in v.type.dims if isinstance(d, str)}
+
+    def tied(dim: object) -> bool:
+        return isinstance(dim, int) or set(re.findall(r"[A-Za-z_]\w*", str(dim))) <= inputs
+
+    merged = dict(known)
+    for name, found in symbolic.items():
+        before = known.get(name)
+        if before is not None and (before.dims is None or len(before.dims) != len(found.dims)
+                                   or before.dtype is not found.dtype):
+            continue
+        dims = tuple(d if tied(d) else (before.dims[i] if before is not None else d) for i, d in enumerate(found.dims))
+        if before is not None or all(tied(d) for d in dims):
+            merged[name] = TensorType(found.dtype, dims)
+    return merged
 
 
 def _has_fresh_symbols(graph: Graph) -> bool:

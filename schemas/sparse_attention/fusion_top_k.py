@@ -54,15 +54,17 @@ def _softmax_of(view: GraphView, probs):
 
 
 def _all_of(view: GraphView, value, expected: bool) -> bool:
-    """Whether ``value`` is a constant (or ConstantOfShape of a static shape, either cast to bool) whose every element
-    is ``expected`` as a bool."""
-    cast = view.producer(value, "Cast")
-    if cast is not None and int(cast.attributes.get("to", 0)) == TensorProto.BOOL:
-        return _all_of(view, cast.inputs[0], expected)     # Cast(ones, bool), as larger exports write it
+    """Whether every element of ``value`` is ``expected`` as a bool, whatever its shape: a constant, ConstantOfShape,
+    or one of those cast to bool, expanded, reshaped, or gathered from (GatherND: every element it reads is one)."""
+    node = view.producer(value, "Cast", "Expand", "GatherND", "Unsqueeze", "Squeeze", "Reshape", "Transpose")
+    if node is not None:
+        if node.op_type == "Cast" and int(node.attributes.get("to", 0)) != TensorProto.BOOL:
+            return False
+        return _all_of(view, node.inputs[0], expected)       # Cast(ones, bool), Expand(True, shape), ...
     array = view.constant(value)
     if array is None:
         node = view.producer(value, "ConstantOfShape")
-        if node is None or view.folded(node.inputs[0]) is None:
+        if node is None:
             return False
         fill = node.attributes.get("value")
         array = np.zeros(1, np.float32) if fill is None else \
@@ -70,23 +72,18 @@ def _all_of(view: GraphView, value, expected: bool) -> bool:
     return array.size > 0 and bool((array.astype(bool) == expected).all())
 
 
-def _top_k_ids(view: GraphView, ids):
-    """TopK's indices output when ``ids`` is that output along the last axis, through integer Casts that hold every id
-    (each is below the axis' size), else None."""
-    widths = []
+def _from_top_k(view: GraphView, ids) -> bool:
+    """Whether ``ids`` are TopK's indices along the last axis, through integer Casts: distinct ids in range, unless a
+    narrowing Cast wrapped them (the op then refuses them when the graph runs, SA-D3)."""
     while (cast := view.producer(ids, "Cast")) is not None:
         if cast.inputs[0].type.dtype.numpy.kind not in "iu" or ids.type.dtype.numpy.kind not in "iu":
-            return None
-        widths.append(int(np.iinfo(ids.type.dtype.numpy).max))
+            return False
         ids = cast.inputs[0]
     top = ids.producer
     if top is None or top.op_type != "TopK" or top.domain != "" or top.outputs[1] is not ids:
-        return None
-    rank, size = len(top.inputs[0].type.shape), top.inputs[0].type.shape[-1]
-    if int(top.attributes.get("axis", -1)) % rank != rank - 1 or not isinstance(size, int) or \
-            any(size - 1 > width for width in widths):
-        return None
-    return ids
+        return False
+    rank = len(top.inputs[0].type.shape)
+    return int(top.attributes.get("axis", -1)) % rank == rank - 1
 
 
 def _selection(view: GraphView, condition):
@@ -101,16 +98,12 @@ def _selection(view: GraphView, condition):
         return NearMiss("the top-k selection mask is not Unsqueeze(selection, axis 1): it would not broadcast over "
                         "the heads of (B, N, S, T) scores")
     data, ids, updates = scatter.inputs
-    if not (data.type.is_static and ids.type.is_static):
-        return NearMiss("the top-k selection mask's shape is computed when the graph runs (a dynamic export): "
-                        "matches with static shapes")
     rank = len(data.type.shape)
     if scatter.attributes.get("reduction", "none") not in ("none", b"none") or \
             int(scatter.attributes.get("axis", 0)) % rank != rank - 1 or rank != 3:
         return NearMiss("the selection is not scattered along the keys (ScatterElements of a (B, S, T) mask on its "
                         "last axis, no reduction)")
-    top_ids = _top_k_ids(view, ids)
-    if top_ids is None:
+    if not _from_top_k(view, ids):
         return NearMiss("the selection mask is scattered from ids that are not TopK's indices along the keys: the "
                         "op needs distinct ids in range (SA-D3), which TopK proves")
     polarity = _all_of(view, data, True)
@@ -120,7 +113,7 @@ def _selection(view: GraphView, condition):
         return NearMiss(f"the top-k ids {ids.type.shape} do not give one row per query row of the mask "
                         f"{data.type.shape}")
     nodes = [unsqueeze, scatter, *(n for n in (data.producer, updates.producer) if n is not None)]
-    return top_ids, polarity, nodes
+    return ids, polarity, nodes
 
 
 def _fill_of(view: GraphView, value, dtype) -> float | None:
@@ -171,6 +164,65 @@ def _where_of(view: GraphView, where, dtype):
     if fill is None:
         return NearMiss("the unselected keys are not filled with -inf or the dtype's lowest finite value")
     return selection, fill, other
+
+
+def _positions(view: GraphView, value):
+    """(the Range node, its axis counted from the end) when ``value`` is ``Range(0, L, 1)`` unsqueezed: positions
+    0..L-1 along one axis, every other dim 1; else None."""
+    unsqueezes = []
+    while (node := view.producer(value, "Unsqueeze")) is not None:
+        unsqueezes.append(node)
+        value = node.inputs[0]
+    arange = view.producer(value, "Range")
+    if arange is None or view.scalar(arange.inputs[0]) != 0 or view.scalar(arange.inputs[2]) != 1:
+        return None
+    axis, rank = 0, 1
+    for node in reversed(unsqueezes):             # where the one axis lands as each Unsqueeze adds its own
+        axes = view.ints(node.inputs[1])
+        if axes is None:
+            return None
+        rank += len(axes)
+        for a in sorted(a % rank for a in axes):
+            axis += a <= axis
+    return arange, axis - rank
+
+
+def _visible(view: GraphView, condition) -> tuple[str, set] | None:
+    """("all", {}) when ``condition`` is True everywhere, ("causal", lengths) when it is ``key position <= query
+    position`` of one Range (keys along the last axis, queries along the one before; ``lengths`` its dims) and'ed
+    with such all-True masks, else None: the causal mask transformers computes from the input's shape (padding of an
+    all-ones attention mask included)."""
+    node = view.producer(condition, "And", "LessOrEqual", "GreaterOrEqual")
+    if node is not None and node.op_type == "And":
+        parts = [_visible(view, v) for v in node.inputs]
+        if any(p is None for p in parts):
+            return None
+        lengths = set().union(*(p[1] for p in parts))
+        return ("causal" if lengths else "all"), lengths
+    if node is not None:
+        keys, queries = node.inputs if node.op_type == "LessOrEqual" else node.inputs[::-1]
+        key, query = _positions(view, keys), _positions(view, queries)
+        if key is None or query is None or key[1] != -1 or query[1] != -2 or key[0] is not query[0]:
+            return None
+        return "causal", {key[0].outputs[0].type.shape[0]}
+    return ("all", set()) if _all_of(view, condition, True) else None
+
+
+def _computed_mode(view: GraphView, base, fill: float, s, t) -> int | NearMiss:
+    """The mode of an additive mask computed from the input's shape: ``Where(visible, 0, fill)`` with ``visible``
+    causal (``_visible``) over positions 0..L-1 where L is the scores' query and key length, or everywhere; else a
+    NearMiss."""
+    where = view.producer(base, "Where")
+    found = _visible(view, where.inputs[0]) if where is not None else None
+    hidden = view.scalar(where.inputs[2]) if where is not None else None
+    if found is None or view.scalar(where.inputs[1]) != 0 or hidden not in (fill, float("-inf")):
+        return NearMiss("the additive mask is computed in the graph, and not as Where(key <= query of one Range, "
+                        "0, the fill): a mask geir cannot read before the graph runs")
+    kind, lengths = found
+    if kind == "causal" and not (s == t and lengths == {s}):
+        return NearMiss(f"a causal mask over positions of length {sorted(map(str, lengths))} for {s} queries and {t} "
+                        f"keys: geir cannot prove them one length (a mask of length 1 broadcasts, hiding nothing)")
+    return 3 if kind == "causal" else 0
 
 
 def _mode_of(base: np.ndarray | None, fill: float, shape: tuple[int, ...]) -> int | NearMiss:
@@ -250,30 +302,28 @@ def _top_k_mask(view: GraphView, matmul):
         return NearMiss("the masked scores are not q @ k^T scaled by a constant scalar")
     scale, _, scale_node = scaled
     query, key_t = product.inputs
-    shapes = [tuple(v.type.shape) for v in (query, key_t, values, logits)]
-    if any(len(s) != 4 for s in shapes) or not all(v.type.is_static for v in (query, key_t, values, logits)):
-        return NearMiss(f"matches (B, N, S, D) @ (B, N2, D, T) attention with static shapes; the shapes are "
-                        f"{shapes}")
+    shapes = [tuple(v.type.shape) if v.type.has_rank else () for v in (query, key_t, values, logits)]
+    if any(len(s) != 4 for s in shapes) or not all(isinstance(d, int) for d in (shapes[1][1], shapes[2][3])):
+        return NearMiss(f"matches (B, N, S, D) @ (B, N2, D, T) attention with static head counts and dims; the "
+                        f"shapes are {shapes}")
     (b, n1, s, d), (_, n2, _, t), (_, nv, _, d2) = shapes[:3]
     if shapes[3] != (b, n1, s, t) or shapes[1][0] != b or shapes[2][:3] != (b, n2, t) or nv != n2 or \
             n2 not in (n1, 1) or tuple(ids.type.shape[:2]) != (b, s):
         return NearMiss(f"query {shapes[0]}, keys^T {shapes[1]}, values {shapes[2]} and ids {ids.type.shape} are not "
                         f"one attention: (B, N1, S, D), (B, N2, D, T), (B, N2, T, D2), (B, S, K) with N2 = N1 or 1")
-    base = None
-    if base_value is not None:
-        base = view.evaluated(base_value)
-        if base is None:
-            return NearMiss("the additive mask is computed from the input's shape (a dynamic export): matches one "
-                            "that is a constant, or computed from constants by elementwise logic, as static exports "
-                            "write it")
-        base = np.asarray(base, np.float64)
-    mode = _mode_of(base, fill, (b, n1, s, t))
+    base = view.evaluated(base_value) if base_value is not None else None
+    if base_value is not None and base is None:                # computed from the input's shape
+        mode = _computed_mode(view, base_value, fill, s, t)
+    else:
+        static = all(isinstance(d, int) for d in (b, s, t))
+        mode = _mode_of(None if base is None else np.asarray(base, np.float64), fill, (b, n1, s, t)) if static \
+            or base is None else NearMiss("a constant additive mask over symbolic query and key lengths")
     if isinstance(mode, NearMiss):
         return mode
-    if mode == 3 and s > t:
+    if mode == 3 and isinstance(s, int) and isinstance(t, int) and s > t:
         return NearMiss(f"causal with more query rows ({s}) than keys ({t}): the first {s - t} rows see no key, zeros "
                         f"in the op where the subgraph gives NaN or an average of hidden keys, whatever the input")
-    k = int(ids.type.shape[-1])
+    k = ids.type.shape[-1]
     differs_on = (f"SparseFlashAttention skips a key the mask hides, where the subgraph adds {fill} to its score (a "
                   f"non-finite score there, or one as large as the fill, changes the subgraph's row), and gives zeros "
                   f"for a query row with no visible selected key, where the subgraph gives NaN or an average of "
@@ -284,20 +334,33 @@ def _top_k_mask(view: GraphView, matmul):
             return builder.op("Transpose", value, perm=perm, name=name)
         return transform
 
-    def sparse_ids(builder, top_ids, name):
-        dtype = top_ids.type.dtype.numpy
+    def sparse_ids(builder, ids, name):
+        def ints(label, values):
+            return builder.constant(f"{name}_{label}", np.asarray(values, np.int64))
         if mode == 3:                  # hidden keys become -1, the padding trails: the op reads every visible one
-            bound = builder.constant(f"{name}_bound", (np.arange(s) + (t - s) + 1).reshape(s, 1).astype(dtype))
-            kept = builder.op("Where", builder.op("Less", top_ids, bound, name=f"{name}_visible"), top_ids,
-                              builder.constant(f"{name}_padding", np.array(-1, dtype)), name=f"{name}_hidden")
-            count = builder.constant(f"{name}_k", np.array([k], np.int64))
-            top_ids = builder.op("TopK", kept, count, axis=-1, largest=1, sorted=1, name=f"{name}_trail")[0]
-        rows = builder.op("Unsqueeze", top_ids, builder.constant(f"{name}_axis", np.array([2], np.int64)),
-                          name=f"{name}_rows")
-        if n2 == 1:
-            return rows
-        return builder.op("Expand", rows, builder.constant(f"{name}_heads", np.array([b, s, n2, k], np.int64)),
-                          name=name)
+            if isinstance(s, int) and isinstance(t, int):
+                bound = ints("bound", (np.arange(s) + (t - s) + 1).reshape(s, 1))
+            else:                      # one length (proved): query row i sees keys 0..i, so the bound is i + 1,
+                if ids.type.dtype.numpy != np.int64:     # counted along the rows of ids itself (its dims kept)
+                    ids = builder.op("Cast", ids, to=7, name=f"{name}_int64")
+                first = builder.op("Slice", ids, ints("start", [0]), ints("stop", [1]), ints("last", [-1]),
+                                   name=f"{name}_first")
+                ones = builder.op("Add", builder.op("Mul", first, ints("zero", 0), name=f"{name}_zeros"),
+                                  ints("one", 1), name=f"{name}_ones")
+                bound = builder.op("CumSum", ones, ints("rows", 1), name=f"{name}_bound")
+            if ids.type.dtype.numpy != np.int64:
+                ids = builder.op("Cast", ids, to=7, name=f"{name}_int64")
+            kept = builder.op("Where", builder.op("Less", ids, bound, name=f"{name}_visible"), ids, ints("padding", -1),
+                              name=f"{name}_hidden")
+            count = ints("k", [k]) if isinstance(k, int) else builder.op("Shape", ids, start=2, end=3,
+                                                                         name=f"{name}_k")
+            top = builder.op("TopK", kept, count, axis=-1, largest=1, sorted=1, name=f"{name}_trail")[0]
+            for given, got in zip(kept.type.shape[:-1], top.type.shape[:-1]):    # TopK keeps the other dims
+                if isinstance(given, str) and isinstance(got, str) and given != got:
+                    builder.declare_equal(given, got)
+            ids = top
+        rows = builder.op("Unsqueeze", ids, ints("axis", [2]), name=f"{name}_rows2")
+        return rows if n2 == 1 else builder.op("Expand", rows, ints("heads", [1, 1, n2, 1]), name=name)
 
     def back_to_bnsd(builder, out, inputs, name):
         return builder.op("Transpose", out, perm=_TO_BSND, name=name)
