@@ -10,13 +10,17 @@ scores) with a large negative before the softmax::
     out    = Softmax(q @ kT * scale + mask) @ v                  # q (B, N1, S, D), kT (B, N2, D, T), v (B, N2, T, D2)
 
 (also ``Where(Unsqueeze(notsel, 1), fill, scores)`` without an additive mask, the selection as True-where-selected
-with the branches swapped, and the softmax computed in float32 between two Casts). ``causal`` is a constant that is 0
-where a key is visible and the fill elsewhere: bottom-right causal (sparse_mode 3) or all visible (sparse_mode 0).
-It becomes SparseFlashAttention in the BSND layout with the top-k ids as ``sparse_indices`` (one row per KV head),
-between Transposes of query, key, value and output.
+with the branches swapped, and the softmax computed in float32 between two Casts). ``causal`` is 0 where a key is
+visible and the fill elsewhere: bottom-right causal (sparse_mode 3) or all visible (sparse_mode 0). Static exports
+hold it as a constant (or compute it from constants: ``GraphView.evaluated``); dynamic ones compute it from the
+input's shape, read here as ``key position <= query position`` of one Range whose length is the scores' (the
+all-True masks and'ed with it, such as an all-ones padding mask, through Cast, Expand and GatherND). It becomes
+SparseFlashAttention in the BSND layout with the top-k ids as ``sparse_indices`` (one row per KV head), between
+Transposes of query, key, value and output; B, S, T and K may be symbols.
 
 The ids are TopK's indices along the last axis, so distinct and in range: the op's index rule (SA-D3) holds for
-every input. The op reads a row's first ``min(K, visible keys)`` entries only (spec 4.5), while the mask keeps every
+every input (unless a narrowing Cast of the subgraph's own wrapped them: then the op refuses them when the graph
+runs, never reading another key). The op reads a row's first ``min(K, visible keys)`` entries only (spec 4.5), while the mask keeps every
 selected visible key wherever TopK put it; so the ids are converted in the graph first: a key the causal mask hides
 becomes -1, and each row is sorted so that its padding trails. Where the op's meaning differs from the subgraph's,
 the match says so (``differs_on``): the op skips a masked key, where the subgraph adds the fill to its score (a
@@ -277,6 +281,20 @@ def _scores_behind(view: GraphView, value, depth: int) -> bool:
         v is not None and v.producer is not None and _scores_behind(view, v, depth - 1) for v in node.inputs)
 
 
+def _transposed(view: GraphView, builder, value, perm: list[int], name: str):
+    """``Transpose(value, perm)``, composed with the Transpose that gives ``value`` (exporters write q, k and v as
+    Transposes of the projections' (B, S, N, D) views): the source itself where the two cancel, so that the op reads
+    the projection as it is and no tensor is moved twice."""
+    inner = view.producer(value, "Transpose")
+    if inner is not None and inner.attributes.get("perm") is not None:
+        first = [int(a) for a in inner.attributes["perm"]]
+        composed = [first[a] for a in perm]
+        if composed == list(range(len(perm))):
+            return inner.inputs[0]
+        return builder.op("Transpose", inner.inputs[0], perm=composed, name=name)
+    return builder.op("Transpose", value, perm=perm, name=name)
+
+
 @register_pattern("sparse attention top-k mask (softmax(q @ k^T * scale + top-k mask) @ v)", "MatMul")
 def _top_k_mask(view: GraphView, matmul):
     probs, values = matmul.inputs
@@ -331,7 +349,7 @@ def _top_k_mask(view: GraphView, matmul):
 
     def bsnd(perm):
         def transform(builder, value, name):
-            return builder.op("Transpose", value, perm=perm, name=name)
+            return _transposed(view, builder, value, perm, name)
         return transform
 
     def sparse_ids(builder, ids, name):
