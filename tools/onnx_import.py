@@ -42,24 +42,30 @@ MAX_IMPORTED_NODES = 100_000
 """Most nodes a model may have once its local functions are inlined (a small file can expand hugely)."""
 
 
-def load_onnx(path: str | os.PathLike) -> Graph:
+def load_onnx(path: str | os.PathLike, *, symbolic_shapes: bool = False) -> Graph:
     """Read an ONNX file (and its external data files beside it) and import it (``from_onnx``); GraphError for
     anything wrong with the file."""
     model = _read_model(path)
     inline_external_data(model, path)
-    return from_onnx(model)
+    return from_onnx(model, symbolic_shapes=symbolic_shapes)
 
 
-def from_onnx(model: ModelProto | str | os.PathLike | bytes) -> Graph:
-    """A built (verified, typed) geir Graph from an ONNX model (a ModelProto, its bytes, or a path)."""
+def from_onnx(model: ModelProto | str | os.PathLike | bytes, *, symbolic_shapes: bool = False) -> Graph:
+    """A built (verified, typed) geir Graph from an ONNX model (a ModelProto, its bytes, or a path).
+
+    ``symbolic_shapes``: also tie sizes the graph computes (a rope table sliced to ``Shape(x)[1]``) to the inputs'
+    symbols with ONNX Runtime's symbolic shape inference (``tools/onnx_symbolic_shapes``), as TorchScript's dynamic
+    exports need for their ropes and MoE combines to fuse. Off by default: the tool has been seen to give a wrong
+    size (ONNX's RotaryEmbedding function), which the runtimes then refuse as a broken claim when the graph runs,
+    where the model itself is right."""
     if isinstance(model, (str, os.PathLike)):
-        return load_onnx(model)
+        return load_onnx(model, symbolic_shapes=symbolic_shapes)
     if isinstance(model, (bytes, bytearray)):
         model = parse_model(bytes(model), "the given bytes")
     if not isinstance(model, ModelProto):
         raise GraphError(f"from_onnx: expected an onnx.ModelProto, its bytes or a path, got {type(model).__name__}")
     try:
-        return _import(model)
+        return _import(model, symbolic_shapes)
     except GraphError:
         raise
     except Exception as exc:   # onnx and protobuf raise many types for malformed models; all mean the same
@@ -157,7 +163,7 @@ def _count_expanded(model: ModelProto, keep: set[tuple[str, str]]) -> int:
     return size(model.graph.node, ())
 
 
-def _import(model: ModelProto) -> Graph:
+def _import(model: ModelProto, symbolic_shapes: bool = False) -> Graph:
     register_onnx_schemas()
     _check_model(model)
     ours = {(CANN_DOMAIN, s.op_type) for s in all_schemas()}
@@ -190,31 +196,51 @@ def _import(model: ModelProto) -> Graph:
     more = _declared_types(inferred.value_info, inferred.output)
     # then what ONNX Runtime's symbolic inference derives through shape computations: the sequence length a table
     # is sliced to is 's', where ONNX names it anew (tools/onnx_symbolic_shapes); it wins over ONNX's fresh names
-    if _has_fresh_symbols(graph) and _small_integer_values(graph):
+    if symbolic_shapes and _has_fresh_symbols(graph) and _small_integer_values(graph):
         more = _tied_to_inputs(graph, more, _declared_types(symbolic_value_infos(model)))
     if all(refine(v.type, more.get(v.name)) == v.type for v in graph.values() if not v.type.is_static):
         return graph     # nothing to learn: building again would give the same graph
     return _build(model, more | claimed)
 
 
+_SYMBOLIC_TRUSTED = frozenset({"Reshape", "Gather", "GatherND", "Unsqueeze", "Squeeze", "Expand", "Range", "Concat",
+                               "Slice", "Transpose", "Flatten", "Cast", "ConstantOfShape", "Tile", "MatMul", "TopK",
+                               "ScatterElements", "Softmax", "Add", "Sub", "Mul", "Div", "Neg", "Where", "And", "Or",
+                               "Not", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+"""Ops whose outputs take symbolic inference's dims: the shape plumbing exporters write and its elementwise users. Not
+Split: the tool has given its pieces wrong sizes (ONNX's own RotaryEmbedding function, rotary_embedding tests)."""
+
+
 def _tied_to_inputs(graph: Graph, known: dict[str, TensorType], symbolic: dict[str, TensorType]
                     ) -> dict[str, TensorType]:
-    """``known`` with the dims symbolic inference ties to the inputs: a size, or an expression of the inputs' symbols
-    (``s``, ``2*b*s``). A name it made up itself where it could not tie a dim says nothing, and leaves the dim as it
-    was known (a made-up name would otherwise replace a symbol geir's inference had right)."""
+    """``known`` with the dims symbolic inference gives where geir's own inference has a size of its own (a fresh
+    symbol): a size, or an expression of the inputs' symbols (``s``, ``2*b*s``), for the outputs of the ops in
+    ``_SYMBOLIC_TRUSTED``; never over a size or an input's symbol geir already has, nor a name the tool made up
+    where it could not tie a dim."""
     inputs = {d for v in graph.inputs if v.type.dims is not None for d in v.type.dims if isinstance(d, str)}
+    ours = {v.name: v for v in graph.values()}
 
     def tied(dim: object) -> bool:
         return isinstance(dim, int) or set(re.findall(r"[A-Za-z_]\w*", str(dim))) <= inputs
 
+    for name, found in symbolic.items():       # a size the tool contradicts: it got the graph wrong somewhere
+        value = ours.get(name)
+        for other in (value.type if value is not None else None, known.get(name)):
+            if other is not None and other.dims is not None and len(other.dims) == len(found.dims) and any(
+                    isinstance(m, int) and isinstance(d, int) and m != d for m, d in zip(other.dims, found.dims)):
+                return known
     merged = dict(known)
     for name, found in symbolic.items():
-        before = known.get(name)
-        if before is not None and (before.dims is None or len(before.dims) != len(found.dims)
-                                   or before.dtype is not found.dtype):
+        value, before = ours.get(name), known.get(name)
+        mine = value.type if value is not None else None
+        if mine is None or value.producer is None or value.producer.op_type not in _SYMBOLIC_TRUSTED or \
+                mine.dims is None or len(mine.dims) != len(found.dims) or mine.dtype is not found.dtype:
             continue
-        dims = tuple(d if tied(d) else (before.dims[i] if before is not None else d) for i, d in enumerate(found.dims))
-        if before is not None or all(tied(d) for d in dims):
+        base = before.dims if before is not None and before.dims is not None and \
+            len(before.dims) == len(found.dims) else mine.dims
+        dims = tuple(d if tied(d) and isinstance(m, str) and m not in inputs else b
+                     for d, m, b in zip(found.dims, mine.dims, base))
+        if dims != tuple(base):
             merged[name] = TensorType(found.dtype, dims)
     return merged
 

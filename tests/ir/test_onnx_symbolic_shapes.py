@@ -1,7 +1,7 @@
 """Sizes computed inside an exported graph (Shape -> Gather -> Range -> a table sliced to the sequence length) get
-the inputs' symbols on import, through ONNX Runtime's symbolic inference: ONNX's own names them anew (unk__N), and a
-fusion rule must then take a rope table's length for another size than the sequence's. The inference never assumes
-two symbols equal, writes no file, and a hostile size skips it."""
+the inputs' symbols on import when asked (``symbolic_shapes=True``), through ONNX Runtime's symbolic inference:
+ONNX's own names them anew (unk__N), and a fusion rule must then take a rope table's length for another size than the
+sequence's. The inference never assumes two symbols equal, writes no file, and a hostile size skips it."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _type_of(graph: geir.Graph, name: str):
 def test_a_table_sliced_to_the_sequence_gets_the_sequence_symbol_and_its_rope_fuses(tmp_path, monkeypatch):
     pytest.importorskip("sympy", reason="sympy is not installed (a geir dependency: pip install -e .)")
     monkeypatch.chdir(tmp_path)
-    graph = geir.from_onnx(_rope_with_computed_table())
+    graph = geir.from_onnx(_rope_with_computed_table(), symbolic_shapes=True)
     assert _type_of(graph, "cos").shape == (1, "s", 1, 8)
     fused, report = geir.fuse(graph, allow_stricter_data=True)
     assert [f.became.split(" ")[0] for f in report.fused] == ["InplacePartialRotaryMul"], report
@@ -64,9 +64,12 @@ def test_a_table_sliced_to_the_sequence_gets_the_sequence_symbol_and_its_rope_fu
     assert os.listdir(tmp_path) == []                          # the tool's own entry point would write a file here
 
 
-def test_without_the_inference_the_table_keeps_a_size_of_its_own(monkeypatch):
-    monkeypatch.setattr(onnx_import, "symbolic_value_infos", lambda model: [])
-    graph = geir.from_onnx(_rope_with_computed_table())
+@pytest.mark.parametrize("asked", [False, True])
+def test_without_the_inference_the_table_keeps_a_size_of_its_own(monkeypatch, asked):
+    """By default (the tool has given wrong sizes), or where it derives nothing (no sympy, say)."""
+    if asked:
+        monkeypatch.setattr(onnx_import, "symbolic_value_infos", lambda model: [])
+    graph = geir.from_onnx(_rope_with_computed_table(), symbolic_shapes=asked)
     assert _type_of(graph, "cos").shape[1] != "s"
     _, report = geir.fuse(graph, allow_stricter_data=True)
     assert not report.fused and "RP-S8" in report.near_misses[0].reason
@@ -80,7 +83,7 @@ def test_two_different_symbols_are_never_merged():
         [helper.make_tensor_value_info("x", F32, ["b", "s"]), helper.make_tensor_value_info("y", F32, ["b", "t"])],
         [helper.make_tensor_value_info("z", F32, ["b", None]), helper.make_tensor_value_info("shape", I64, [2])]),
         opset_imports=[helper.make_opsetid("", 17)])
-    graph = geir.from_onnx(model)
+    graph = geir.from_onnx(model, symbolic_shapes=True)
     assert _type_of(graph, "z").shape[1] not in ("s", "t")
     assert geir.run(graph, {"x": np.ones((1, 3), np.float32), "y": np.ones((1, 1), np.float32)})["z"].shape == (1, 3)
 
@@ -97,5 +100,5 @@ def test_a_huge_computed_integer_tensor_skips_the_inference(monkeypatch):
         [helper.make_tensor_value_info("zeros", I64, [big]), helper.make_tensor_value_info("y", F32, [None])],
         initializer=[numpy_helper.from_array(np.array([big], np.int64), "n")]),
         opset_imports=[helper.make_opsetid("", 17)])
-    geir.from_onnx(model)
+    geir.from_onnx(model, symbolic_shapes=True)
     assert called == []

@@ -144,7 +144,7 @@ def _dynamic_top_k_attention(*, keys_from_queries=True, keys_last=True):
     model = geir.to_onnx(b.build())                     # imported, as an export is: its computed sizes get symbols
     del model.graph.value_info[:]                       # (the builder's own names for them would stand otherwise)
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("out", TensorProto.FLOAT16, ["b", N, "s", D]))
-    return geir.from_onnx(model)
+    return geir.from_onnx(model, symbolic_shapes=True)
 
 
 def test_a_dynamic_export_with_its_mask_computed_from_the_shape_fuses():
