@@ -12,7 +12,6 @@ is a GraphError, with the original exception chained.
 from __future__ import annotations
 
 import os
-import re
 
 import networkx as nx
 import numpy as np
@@ -24,7 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from ..ir._registry import all_schemas, get_schema
 from .builder import GraphBuilder
 from .external_data import inline_external_data
-from .onnx_symbolic_shapes import symbolic_value_infos
+from .onnx_symbolic_shapes import symbolic_value_infos, tied_to_inputs, worth_inferring
 from ..ir._core import CANN_DOMAIN, Graph, Value
 from ..ir._onnx_body import OPSET
 from ..ir._errors import GraphError, first_line
@@ -196,72 +195,11 @@ def _import(model: ModelProto, symbolic_shapes: bool = False) -> Graph:
     more = _declared_types(inferred.value_info, inferred.output)
     # then what ONNX Runtime's symbolic inference derives through shape computations: the sequence length a table
     # is sliced to is 's', where ONNX names it anew (tools/onnx_symbolic_shapes); it wins over ONNX's fresh names
-    if symbolic_shapes and _has_fresh_symbols(graph) and _small_integer_values(graph):
-        more = _tied_to_inputs(graph, more, _declared_types(symbolic_value_infos(model)))
+    if symbolic_shapes and worth_inferring(graph):
+        more = tied_to_inputs(graph, more, _declared_types(symbolic_value_infos(model)))
     if all(refine(v.type, more.get(v.name)) == v.type for v in graph.values() if not v.type.is_static):
         return graph     # nothing to learn: building again would give the same graph
     return _build(model, more | claimed)
-
-
-_SYMBOLIC_TRUSTED = frozenset({"Reshape", "Gather", "GatherND", "Unsqueeze", "Squeeze", "Expand", "Range", "Concat",
-                               "Slice", "Transpose", "Flatten", "Cast", "ConstantOfShape", "Tile", "MatMul", "TopK",
-                               "ScatterElements", "Softmax", "Add", "Sub", "Mul", "Div", "Neg", "Where", "And", "Or",
-                               "Not", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
-"""Ops whose outputs take symbolic inference's dims: the shape plumbing exporters write and its elementwise users. Not
-Split: the tool has given its pieces wrong sizes (ONNX's own RotaryEmbedding function, rotary_embedding tests)."""
-
-
-def _tied_to_inputs(graph: Graph, known: dict[str, TensorType], symbolic: dict[str, TensorType]
-                    ) -> dict[str, TensorType]:
-    """``known`` with the dims symbolic inference gives where geir's own inference has a size of its own (a fresh
-    symbol): a size, or an expression of the inputs' symbols (``s``, ``2*b*s``), for the outputs of the ops in
-    ``_SYMBOLIC_TRUSTED``; never over a size or an input's symbol geir already has, nor a name the tool made up
-    where it could not tie a dim."""
-    inputs = {d for v in graph.inputs if v.type.dims is not None for d in v.type.dims if isinstance(d, str)}
-    ours = {v.name: v for v in graph.values()}
-
-    def tied(dim: object) -> bool:
-        return isinstance(dim, int) or set(re.findall(r"[A-Za-z_]\w*", str(dim))) <= inputs
-
-    for name, found in symbolic.items():       # a size the tool contradicts: it got the graph wrong somewhere
-        value = ours.get(name)
-        for other in (value.type if value is not None else None, known.get(name)):
-            if other is not None and other.dims is not None and len(other.dims) == len(found.dims) and any(
-                    isinstance(m, int) and isinstance(d, int) and m != d for m, d in zip(other.dims, found.dims)):
-                return known
-    merged = dict(known)
-    for name, found in symbolic.items():
-        value, before = ours.get(name), known.get(name)
-        mine = value.type if value is not None else None
-        if mine is None or value.producer is None or value.producer.op_type not in _SYMBOLIC_TRUSTED or \
-                mine.dims is None or len(mine.dims) != len(found.dims) or mine.dtype is not found.dtype:
-            continue
-        base = before.dims if before is not None and before.dims is not None and \
-            len(before.dims) == len(found.dims) else mine.dims
-        dims = tuple(d if tied(d) and isinstance(m, str) and m not in inputs else b
-                     for d, m, b in zip(found.dims, mine.dims, base))
-        if dims != tuple(base):
-            merged[name] = TensorType(found.dtype, dims)
-    return merged
-
-
-def _has_fresh_symbols(graph: Graph) -> bool:
-    """Whether a value has a dim of unknown size that is none of the inputs' symbols (or an unknown rank): a size
-    computed in the graph, which symbolic inference may tie to the inputs' symbols."""
-    inputs = {d for v in graph.inputs if v.type.dims is not None for d in v.type.dims if isinstance(d, str)}
-    return any(v.type.dims is None or any(isinstance(d, str) and d not in inputs for d in v.type.dims)
-               for v in graph.values() if v.type.is_tensor)
-
-
-SYMBOLIC_INTEGER_ELEMENTS = 1 << 20
-"""Largest integer tensor a node may compute for symbolic inference to run: the tool evaluates integer values it can
-(shape computations), and would materialise a huge ConstantOfShape of a hostile file."""
-
-
-def _small_integer_values(graph: Graph) -> bool:
-    return all(v.type.dims is None or not v.type.is_static or v.type.dtype.numpy.kind not in "iub"
-               or int(np.prod(v.type.dims)) <= SYMBOLIC_INTEGER_ELEMENTS for v in graph.values()
-               if v.type.is_tensor and v.producer is not None)
 
 
 def _build(model: ModelProto, declared: dict[str, TensorType] | None = None) -> Graph:

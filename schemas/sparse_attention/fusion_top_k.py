@@ -269,7 +269,7 @@ def _softmax_behind(view: GraphView, probs):
     return None
 
 
-def _scores_behind(view: GraphView, value, depth: int) -> bool:
+def _scores_behind(value, depth: int) -> bool:
     """Whether ``value`` is computed from a MatMul within ``depth`` elementwise steps (scale, softcap, additive mask,
     sinks, Casts), reading only values computed in the graph."""
     node = value.producer
@@ -278,7 +278,7 @@ def _scores_behind(view: GraphView, value, depth: int) -> bool:
     if node.op_type == "MatMul":
         return True
     return node.op_type in _SCORE_STEPS and any(
-        v is not None and v.producer is not None and _scores_behind(view, v, depth - 1) for v in node.inputs)
+        v is not None and v.producer is not None and _scores_behind(v, depth - 1) for v in node.inputs)
 
 
 def _transposed(view: GraphView, builder, value, perm: list[int], name: str):
@@ -304,7 +304,7 @@ def _top_k_mask(view: GraphView, matmul):
     masked = _masked_logits(view, found[1], found[1].type.dtype.numpy) if found is not None else None
     if masked is None:
         softmax = _softmax_behind(view, probs)                 # an attention-like site: reported, not skipped
-        if softmax is not None and _scores_behind(view, softmax.inputs[0], 6):
+        if softmax is not None and _scores_behind(softmax.inputs[0], 6):
             return NearMiss("attention over every key (no top-k selection masks the scores): dense attention stays "
                             "standard ops; SparseFlashAttention fuses where a top-k selection masks them")
         return None

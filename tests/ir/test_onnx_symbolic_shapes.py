@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import geir
-from geir.tools import onnx_import
+from geir.tools import onnx_import, onnx_symbolic_shapes
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -91,7 +91,7 @@ def test_two_different_symbols_are_never_merged():
 def test_a_huge_computed_integer_tensor_skips_the_inference(monkeypatch):
     called = []
     monkeypatch.setattr(onnx_import, "symbolic_value_infos", lambda model: called.append(model) or [])
-    big = onnx_import.SYMBOLIC_INTEGER_ELEMENTS + 1
+    big = onnx_symbolic_shapes.SYMBOLIC_INTEGER_ELEMENTS + 1
     model = helper.make_model(helper.make_graph(
         [helper.make_node("ConstantOfShape", ["n"], ["zeros"], value=helper.make_tensor("v", I64, [1], [0])),
          helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Concat", ["shape", "shape"], ["both"], axis=0),
