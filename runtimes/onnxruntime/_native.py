@@ -54,7 +54,8 @@ from ...passes import build
 from ...schemas import all_examples
 from ..numpy import NumpyRuntime
 
-__all__ = ["COMPILE_TIMEOUT_S", "families", "families_source", "find_compiler", "native_library", "native_status"]
+__all__ = ["COMPILE_TIMEOUT_S", "families", "families_source", "find_compiler", "native_library", "native_op_types",
+           "native_status"]
 
 NATIVE = Path(__file__).with_name("native")
 SOURCES = tuple(sorted(NATIVE.glob("*.c")))
@@ -348,6 +349,7 @@ def _initialise() -> tuple[str | None, str | None]:
     try:
         path = _build()
         _self_test(path)
+        _state["ops"] = native_ops(path)
         return str(path), None
     except Exception as exc:  # any failure means: run the function bodies, and say why once
         reason = f"{type(exc).__name__}: {exc}"
@@ -365,6 +367,12 @@ def native_library() -> str | None:
                 _state["reason"] = reason
                 _state["path"] = path   # published last: a caller that sees it sees the reason too
     return _state["path"]  # type: ignore[return-value]
+
+
+def native_op_types() -> frozenset[str]:
+    """The op types the loaded library runs (every dtype combination their schemas allow, which the library's
+    table is tested to list), and so whose data rules it enforces itself; empty when no library is loaded."""
+    return frozenset(_state.get("ops", ())) if native_library() is not None else frozenset()  # type: ignore[arg-type]
 
 
 def native_status() -> str:
