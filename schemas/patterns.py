@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto, numpy_helper
 
 from ..ir._registry import Rows
 from .onnx_slice import SliceError, slice_range
@@ -109,6 +110,19 @@ class GraphView:
         if value is None or value.producer is not None:
             return None
         return self.graph.constants.get(value.name)
+
+    def filled(self, value: Any) -> np.ndarray | None:
+        """What every element of ``value`` is drawn from: a constant's contents, or the fill of a ConstantOfShape
+        (one element; ONNX's default is a float32 0)."""
+        array = self.constant(value)
+        if array is not None:
+            return array
+        node = self.producer(value, "ConstantOfShape")
+        if node is None:
+            return None
+        fill = node.attributes.get("value")
+        return np.zeros(1, np.float32) if fill is None else \
+            numpy_helper.to_array(fill) if isinstance(fill, TensorProto) else np.asarray(fill)
 
     def evaluated(self, value: Any, depth: int = 8) -> np.ndarray | None:
         """The contents of ``value`` when it is a constant, or computed from constants by elementwise logic and

@@ -7,7 +7,7 @@ benchmarks measure.
 
 from __future__ import annotations
 
-from . import body, examples, fusion, targets, vjp  # noqa: F401  (each registers its part of the family)
+from . import body, examples, fusion, fusion_loop, targets, vjp  # noqa: F401  (each registers its part of the family)
 from .schema import FORWARD, GRAD
 
 __all__ = ["FORWARD", "GRAD"]

@@ -235,12 +235,13 @@ def _picked_by_nonzero(view: GraphView, value, depth: int) -> bool:
 
 
 @register_pattern("MoE per-expert loop (rows NonZero picked, scattered back per expert)", "ScatterElements")
-def _per_expert_loop(view: GraphView, scatter):
+def _scattered_per_expert(view: GraphView, scatter):
     """The eager loop over experts (``torch.where(expert_mask[e])`` rows, each expert's output scattered back with
     ``index_add_``) is a MoE combine geir does not fuse: reported, so that it is not skipped silently."""
     if int(scatter.attributes.get("axis", 0)) % max(len(scatter.inputs[0].type.shape), 1) != 0 or \
-            not _picked_by_nonzero(view, scatter.inputs[1], 6):
-        return None
+            not _picked_by_nonzero(view, scatter.inputs[1], 6) or \
+            any(user.op_type == "Add" for user, _ in scatter.outputs[0].uses):
+        return None      # scatters into zeros, summed: fusion_loop's pattern fuses them or says why not
     return NearMiss("a per-expert loop (each expert's rows picked by NonZero, its output scattered back): not a form "
                     "geir fuses; transformers' experts_implementation='batched_mm' exports the combine that fuses to "
                     "MoeTokenUnpermute")

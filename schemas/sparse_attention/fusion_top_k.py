@@ -31,7 +31,7 @@ selected key is zeros in the op, NaN or an average of masked keys in the subgrap
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from ..patterns import INT32, GraphView, Match, NearMiss, register_pattern
 from .fusion import _scale
@@ -65,15 +65,8 @@ def _all_of(view: GraphView, value, expected: bool) -> bool:
         if node.op_type == "Cast" and int(node.attributes.get("to", 0)) != TensorProto.BOOL:
             return False
         return _all_of(view, node.inputs[0], expected)       # Cast(ones, bool), Expand(True, shape), ...
-    array = view.constant(value)
-    if array is None:
-        node = view.producer(value, "ConstantOfShape")
-        if node is None:
-            return False
-        fill = node.attributes.get("value")
-        array = np.zeros(1, np.float32) if fill is None else \
-            numpy_helper.to_array(fill) if isinstance(fill, TensorProto) else np.asarray(fill)
-    return array.size > 0 and bool((array.astype(bool) == expected).all())
+    array = view.filled(value)
+    return array is not None and array.size > 0 and bool((array.astype(bool) == expected).all())
 
 
 def _from_top_k(view: GraphView, ids) -> bool:

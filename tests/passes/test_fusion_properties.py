@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -344,23 +345,61 @@ PREDICATES = {"GreaterOrEqual": lambda a: a >= 0, "Greater": lambda a: a > -1, "
 
 
 def _moe_loop_case(data) -> Case:
-    """The eager per-expert loop (rows picked by NonZero, each expert's output scattered back and added): geir does
-    not fuse it, and must say so rather than skip it; the case proves that nothing is rewritten."""
-    t, h, experts = data.draw(st.integers(1, 4), label="T"), data.draw(st.integers(1, 3), label="H"), 2
+    """The eager per-expert loop as TorchScript exports ``index_add_``: each expert's weighted rows scattered into
+    zeros, the scatters added up from zeros. Near variants: tokens fed as they are (repeated within an expert,
+    negative, out of range: the op's slots must resolve them as the scatter does, or refuse), one row scattered to
+    many tokens through the Expand, -0 or non-zero scatter data or start, a reduction, float16, non-finite rows."""
+    t, h = data.draw(st.integers(1, 4), label="T"), data.draw(st.integers(1, 3), label="H")
+    experts = data.draw(st.integers(1, 3), label="experts")
+    dtype = data.draw(st.sampled_from(["float32", "float32", "float16"]), label="dtype")
+    tokens_from = data.draw(st.sampled_from(["routing", "routing", "fed"]), label="tokens")
+    zeros = data.draw(st.sampled_from(["+0", "+0", "+0", "-0", "one"]), label="zeros")
+    start = data.draw(st.sampled_from(["constant", "constant", "shape", "-0"]), label="start")
+    reduction = data.draw(st.sampled_from(["none"] * 5 + ["add"]), label="reduction")
+    expanded = data.draw(st.booleans(), label="rows through Expand")
     rng = _rng(data)
+    np_dtype = np.dtype(dtype)
     g = _B("moe_loop")
-    x, ids = g.b.input("x", "float32", (t, h)), g.b.input("ids", "int64", (t,))
-    total = None
+    x = g.b.input("x", dtype, (t, h))
+    ids = g.b.input("ids", "int64", (t,))
+    fill = {"+0": 0.0, "-0": -0.0, "one": 1.0}[zeros]
+    if start == "shape":
+        total = g.b.op("ConstantOfShape", g.b.op("Shape", x), value=onnx.numpy_helper.from_array(
+            np.zeros(1, np_dtype), "value"))
+    else:
+        total = g.b.constant("start", np.full((t, h), -0.0 if start == "-0" else 0.0, np_dtype))
+    feeds_tokens = {}
     for e in range(experts):
-        tokens = g.b.op("Squeeze", g.b.op("NonZero", g.b.op("Equal", ids, g.ints(e))), g.ints([0]))
-        out = g.b.op("MatMul", g.b.op("Gather", x, tokens, axis=0),
-                     g.b.constant(f"w{e}", rng.standard_normal((h, h)).astype(np.float32)))
+        if tokens_from == "routing":
+            tokens = g.b.op("Squeeze", g.b.op("NonZero", g.b.op("Equal", ids, g.ints(e))), g.ints([0]))
+        else:
+            count = data.draw(st.integers(0, 3), label=f"rows of expert {e}")
+            feeds_tokens[f"tok{e}"] = np.array([data.draw(st.integers(-t - 1, t), label=f"token {e}.{r}")
+                                                for r in range(count)], np.int64)
+            tokens = g.b.input(f"tok{e}", "int64", (count,))
+        if tokens_from == "fed" and data.draw(st.booleans(), label=f"rows of expert {e} fed"):
+            out = g.b.input(f"rows{e}", dtype, (count, h))      # not gathered by the tokens: any id reaches the sum
+            feeds_tokens[f"rows{e}"] = _normal(rng, (count, h), np_dtype)
+        else:
+            out = g.b.op("MatMul", g.b.op("Gather", x, tokens, axis=0),
+                         g.b.constant(f"w{e}", rng.standard_normal((h, h)).astype(np_dtype)))
+        if expanded:
+            out = g.b.op("Expand", out, g.ints([1, h]))
         at = g.b.op("Expand", g.b.op("Unsqueeze", tokens, g.ints([1])), g.b.op("Shape", out))
-        back = g.b.op("ScatterElements", g.b.constant(f"zeros{e}", np.zeros((t, h), np.float32)), at, out, axis=0)
-        total = back if total is None else g.b.op("Add", total, back)
+        back = g.b.op("ScatterElements", g.b.constant(f"zeros{e}", np.full((t, h), fill, np_dtype)), at, out, axis=0,
+                      **({"reduction": "add"} if reduction == "add" else {}))
+        total = g.b.op("Add", total, back)
     g.b.output(total, "y")
-    feeds = [{"x": _normal(rng, (t, h), np.float32), "ids": rng.integers(0, experts, t).astype(np.int64)}]
-    return Case(g.b.build(), feeds, canonical=False)
+    feeds = []
+    for _ in range(2):
+        x_value = _normal(rng, (t, h), np_dtype)
+        if data.draw(st.booleans(), label="non-finite"):
+            x_value[rng.integers(t), rng.integers(h)] = data.draw(st.sampled_from([np.inf, -np.inf, np.nan]))
+        feeds.append({"x": x_value, "ids": rng.integers(0, experts, t).astype(np.int64), **feeds_tokens})
+    canonical = dtype == "float32" and tokens_from == "routing" and zeros == "+0" and start == "constant" and \
+        reduction == "none"
+    return Case(g.b.build(), feeds, canonical=canonical, dtype=dtype,
+                refusal_ok=lambda feeds: tokens_from == "fed")
 
 
 def _keys_of(ids: np.ndarray, t2: int, mask: str | None) -> list[list[int]]:
