@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--allow-stricter-data", action="store_true",
                       help="also fuse where our op checks fed indices more strictly than the subgraph (distinct key "
                            "ids per row, a permutation for MoE); such data is then refused when the model runs")
+    fuse.add_argument("--symbolic-shapes", action="store_true",
+                      help="on import, tie sizes the model computes from its inputs' shapes to their symbols (ONNX "
+                           "Runtime's symbolic shape inference), as TorchScript's dynamic exports need for their ropes "
+                           "and MoE combines to fuse")
     example = commands.add_parser("example", help="run the geir.ge ports of CANN's graph-mode examples")
     example.add_argument("name", nargs="?", default="all", help="an example name or all (default)")
     example.add_argument("--runtime", choices=runtime_names(), default="numpy")
@@ -189,7 +193,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "example":
         return commands.run_example(args.name, args.runtime, args.dump)
     if args.command == "fuse":
-        return commands.fuse_model(args.model, args.output, args.allow_stricter_data)
+        return commands.fuse_model(args.model, args.output, args.allow_stricter_data, args.symbolic_shapes)
     from .bench import run_benchmarks
 
     unknown = [s for s in args.suite if s not in SUITES]

@@ -27,12 +27,12 @@ from .model_io import CommandError, load_feeds, parse_assignments, save_outputs,
 __all__ = ["check_model", "load_model", "run_example", "run_model", "show_model"]
 
 
-def load_model(path: str) -> Graph:
+def load_model(path: str, symbolic_shapes: bool = False) -> Graph:
     """The geir graph of an ONNX file; a missing or bad file is a CommandError naming it."""
     if not Path(path).exists():
         raise CommandError(f"model {path!r}: no such file")
     try:
-        return load_onnx(path)
+        return load_onnx(path, symbolic_shapes=symbolic_shapes)
     except GraphError as exc:
         raise CommandError(f"model {path!r}: {exc}") from None
 
@@ -88,9 +88,9 @@ def check_model(model: str, target: str, strict: bool = False) -> int:
     return 1 if failed else 0
 
 
-def fuse_model(model: str, output: str, allow_stricter_data: bool = False) -> int:
+def fuse_model(model: str, output: str, allow_stricter_data: bool = False, symbolic_shapes: bool = False) -> int:
     """Fuse a saved model's standard-op subgraphs into our ops, write the result, print the report."""
-    fused, report = fuse(load_model(model), allow_stricter_data=allow_stricter_data)
+    fused, report = fuse(load_model(model, symbolic_shapes), allow_stricter_data=allow_stricter_data)
     with writing(output, "output"):
         save_onnx(fused, output)          # exported in full before the file is replaced: `fuse IN IN` is safe
     print(report)

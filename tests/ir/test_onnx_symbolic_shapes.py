@@ -102,3 +102,17 @@ def test_a_huge_computed_integer_tensor_skips_the_inference(monkeypatch):
         opset_imports=[helper.make_opsetid("", 17)])
     geir.from_onnx(model, symbolic_shapes=True)
     assert called == []
+
+
+@pytest.mark.parametrize("flag, fused", [([], 0), (["--symbolic-shapes"], 1)])
+def test_geir_fuse_takes_the_inference_from_the_command_line(tmp_path, monkeypatch, capsys, flag, fused):
+    pytest.importorskip("sympy", reason="sympy is not installed (a geir dependency: pip install -e .)")
+    from geir.tools.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    onnx.save(_rope_with_computed_table(), "rope.onnx")
+    assert main(["fuse", "rope.onnx", "fused.onnx", "--allow-stricter-data", *flag]) == 0
+    assert f"{fused} fused" in capsys.readouterr().out
+    ops = [n.op_type for n in onnx.load("fused.onnx").graph.node]
+    assert ops.count("InplacePartialRotaryMul") == fused
+    assert sorted(os.listdir(tmp_path)) == ["fused.onnx", "rope.onnx"]
