@@ -100,6 +100,9 @@ class GraphView:
 
     def __init__(self, graph: Any) -> None:
         self.graph = graph
+        self._last_evaluated: tuple[Any, int, np.ndarray | None] | None = None
+        """The last top-level ``evaluated`` call: a matcher that asks twice for one mask gets it once (one entry, so
+        a pass over many layers holds at most one mask)."""
 
     def producer(self, value: Any, *op_types: str) -> Any:
         """The standard node producing ``value`` if its op type is one of ``op_types``, else None."""
@@ -129,6 +132,14 @@ class GraphView:
         selection (``_ELEMENTWISE``: And, Or, Not, Xor, comparisons, Where), as exporters leave a causal mask they did
         not fold: NumPy's broadcasting and these ops' results are ONNX's. None when it reads anything else, or would
         hold more than ``_EVALUATED_ELEMENTS`` elements."""
+        last = self._last_evaluated
+        if last is not None and last[0] is value and last[1] == depth:
+            return last[2]
+        result = self._evaluate(value, depth)
+        self._last_evaluated = (value, depth, result)
+        return result
+
+    def _evaluate(self, value: Any, depth: int) -> np.ndarray | None:
         array = self.constant(value)
         if array is not None:
             return array
@@ -136,7 +147,7 @@ class GraphView:
         if node is None or node.domain != "" or node.op_type not in _ELEMENTWISE or depth <= 0 or \
                 not value.type.is_static or int(np.prod(value.type.shape)) > _EVALUATED_ELEMENTS:
             return None
-        parts = [self.evaluated(v, depth - 1) for v in node.inputs]
+        parts = [self._evaluate(v, depth - 1) for v in node.inputs]
         if any(p is None for p in parts):
             return None
         result = _ELEMENTWISE[node.op_type](*parts)

@@ -64,3 +64,25 @@ def test_a_mask_computed_from_constants_is_evaluated_as_the_runtimes_compute_it(
     view, other = _value(lambda b, x: b.op("Add", b.constant("a", np.ones(2, np.float32)),
                                            b.constant("b", np.ones(2, np.float32))))
     assert view.evaluated(other) is None                        # not an op it evaluates
+
+
+def test_a_mask_asked_for_twice_in_a_row_is_evaluated_once(monkeypatch):
+    """A matcher reads the causal mask where it finds it and again where it classifies it: one evaluation (of up to
+    2**24 elements), and only the last mask is kept."""
+    from geir.schemas import patterns
+
+    calls = []
+    real = patterns._ELEMENTWISE["Not"]
+    monkeypatch.setitem(patterns._ELEMENTWISE, "Not", lambda a: calls.append(1) or real(a))
+    b = geir.GraphBuilder("view")
+    b.input("x", "float32", (1,))
+    first = b.op("Not", b.constant("a", np.eye(3, dtype=bool)))
+    second = b.op("Not", b.constant("b", np.eye(2, dtype=bool)))
+    b.output(first, "f")
+    b.output(second, "s")
+    view = GraphView(b.build())
+    assert np.array_equal(view.evaluated(first), ~np.eye(3, dtype=bool))
+    assert view.evaluated(first) is view.evaluated(first) and len(calls) == 1
+    assert np.array_equal(view.evaluated(second), ~np.eye(2, dtype=bool)) and len(calls) == 2
+    view.evaluated(first)
+    assert len(calls) == 3                                       # the one entry now holds the second mask's
