@@ -8,6 +8,7 @@ checks by ``onnx.checker.check_node`` and types by onnx's own shape inference.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,22 @@ ONNX_DOMAINS: dict[str, int] = {("" if d == "ai.onnx" else d): newest for d, (_,
 
 def newest_opset(domain: str) -> int:
     return ONNX_DOMAINS[domain]
+
+
+def _newer_version_hint(op_type: str, domain: str, version: int, message: str) -> str:
+    """Where ONNX refuses a type this version of the op lacks (``unsupported type tensor(bfloat16)``, as torch's
+    exporter writes a bfloat16 ConstantOfShape at opset 18): the first later opset whose version takes it, said."""
+    found = re.search(r"unsupported type (tensor\(\w+\))", message)
+    if found is None:
+        return ""
+    wanted = found.group(1)
+    later = sorted((s.since_version for s in defs.get_all_schemas_with_history()
+                    if s.name == op_type and s.domain == domain and s.since_version > version and
+                    any(wanted in c.allowed_type_strs for c in s.type_constraints)))
+    if not later:
+        return ""
+    return (f"; {op_type} takes {wanted} from opset {later[0]}, this node's opset is {version}: the file is not valid "
+            f"ONNX at its opset (export the model at opset {later[0]} or later)")
 
 
 def _opsets(domain: str, version: int) -> dict[str, int]:
@@ -188,8 +205,9 @@ class StandardOpSchema(OpAdapter):
             inferred = shape_inference.infer_node_outputs(self.onnx, proto, types, input_data=data, opset_imports=[
                 helper.make_opsetid(d, v) for d, v in _opsets(self.domain, self.version).items()])
         except Exception as exc:  # onnx raises several types; all mean the same for the user
-            raise GraphError(f"{self.op_type} '{ctx.node}': ONNX shape inference failed: {exc}", node=ctx.node,
-                             location=ctx.location) from None
+            raise GraphError(f"{self.op_type} '{ctx.node}': ONNX shape inference failed: {exc}"
+                             f"{_newer_version_hint(self.op_type, self.domain, self.version, str(exc))}",
+                             node=ctx.node, location=ctx.location) from None
         return self._output_types(ctx, inferred)
 
     def _infer_with_subgraphs(self, ctx: InferContext) -> tuple[TensorType | None, ...]:

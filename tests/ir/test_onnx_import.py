@@ -200,3 +200,19 @@ def test_an_old_model_keeps_its_initializer_inputs_constant_and_a_bad_default_is
         geir.from_onnx(_input_with_initializer(ir_version=8, default=np.zeros(3), opset=OPSET))
     with pytest.raises(GraphError, match=r"default of input 'w': expected shape \[3\], got \[2\]"):
         geir.from_onnx(_input_with_initializer(ir_version=8, default=np.zeros(2, np.float32), opset=OPSET))
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_a_type_an_older_opset_lacks_names_the_opset_that_takes_it(opset):
+    """torch's dynamo exporter writes a bfloat16 ConstantOfShape at opset 18, which ONNX allows from opset 20 only:
+    refused with the opset to export at; at opset 20 the same model imports."""
+    fill = numpy_helper.from_array(np.ones(1, ml_dtypes.bfloat16), "value")
+    node = helper.make_node("ConstantOfShape", ["shape"], ["y"], value=fill)
+    graph = helper.make_graph([node], "bf16_fill", [helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["a", "b"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    if opset == 20:
+        assert geir.from_onnx(model).outputs[0].type.dtype.value == "bfloat16"
+        return
+    with pytest.raises(geir.GraphError, match=r"takes tensor\(bfloat16\) from opset 20, this node's opset is 18"):
+        geir.from_onnx(model)
