@@ -22,13 +22,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from onnx import defs as onnx_defs
 
 from ..ir._core import Graph, Node, Value, unused_name
 from ..ir._editor import GraphEditor
 from ..ir._errors import GraphError
+from ..ir._onnx_body import OPSET
 from ..ir._types import TensorType
 from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
 from ._infra import Pass, PassResult
+from .expand_functions import expand_functions
 from .build import build
 from .dead_code import EliminateDeadCode, drop_unused_constants
 
@@ -172,6 +175,26 @@ def _select(graph: Graph, names: Sequence[str] | str | None, pool: list[Value], 
     return chosen
 
 
+def _without_rule(op_type: str, domain: str) -> bool:
+    return vjp_rule(op_type, domain) is None
+
+
+def _expandable(order: list[Node], depends: set[int]) -> set[int]:
+    """ids of the standard nodes on the way from the inputs differentiated that no rule covers and ONNX defines by a
+    function body (``expand_functions``)."""
+    found = set()
+    for node in order:
+        if node.domain == "" and _without_rule(node.op_type, node.domain) and \
+                any(v is not None and id(v) in depends for v in node.inputs):
+            try:
+                schema = onnx_defs.get_schema(node.op_type, node.version or OPSET, node.domain)
+            except onnx_defs.SchemaError:
+                continue
+            if schema.has_function or schema.has_context_dependent_function:
+                found.add(id(node))
+    return found
+
+
 def _dependents(graph: Graph, order: list[Node], sources: list[Value]) -> set[int]:
     """ids of the floating values that depend on any of ``sources``."""
     found = {id(v) for v in sources}
@@ -233,6 +256,12 @@ def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
     if not targets:
         raise GraphError(f"geir.grad: graph '{graph.name}' has no floating output to differentiate")
     order = graph.topological_order()
+    expandable = _expandable(order, _dependents(graph, order, sources))
+    if expandable:      # ops ONNX defines by a function body and no rule covers (Attention): written out first
+        graph = expand_functions(graph, expandable, _without_rule)
+        sources = _select(graph, [v.name for v in sources], graph.inputs, "input")
+        targets = _select(graph, [v.name for v in targets], graph.outputs, "output")
+        order = graph.topological_order()
     b = GraphEditor(f"{graph.name}_grad")
     ctx = VjpContext(b, graph)
 
