@@ -1,6 +1,6 @@
 """Vector-Jacobian products of the standard ops that select, place or repeat elements.
 
-GatherElements, GatherND (batch_dims 0) and TopK place their cotangent with one-hot products (no scatter-add, so
+GatherElements, GatherND (any batch_dims) and TopK place their cotangent with one-hot products (no scatter-add, so
 repeated indices sum the same way on every runtime); ScatterElements and ScatterND (no reduction, or add) give the
 data the cotangent where nothing was written over it and the updates what was read back at their indices; Split,
 Expand, Tile, Pad (every mode; constant mode with any pads, the others on static shapes), Trilu. Index and shape
@@ -80,19 +80,20 @@ def _flat_nd_indices(ctx, node, indices, shape: tuple[int, ...]):
     return rows, k
 
 
-def _check_batch_dims(node):
-    if int(node.attributes.get("batch_dims", 0)):
-        raise GraphError(f"geir.grad: {node.op_type} '{node.name}': batch_dims > 0 is not differentiated (reshape "
-                         f"the batch into the index tuples)", node=node.name)
-
-
 @register_vjp("GatherND", STANDARD)
 def _gather_nd(ctx, node, grads):
-    _check_batch_dims(node)
+    """Rows of the data read at the index tuples, placed back by a one-hot product; with ``batch_dims`` b, the
+    tuples of batch position beta read batch beta's rows: row number beta * rows-per-batch + the tuple's row."""
+    batch = int(node.attributes.get("batch_dims", 0))
     shape = static_shape(node.inputs[0], "its data", node)
-    rows, k = _flat_nd_indices(ctx, node, ctx.new(node.inputs[1]), shape)
-    size = int(np.prod(shape[:k]))
-    table = (size,) + shape[k:]
+    rows, k = _flat_nd_indices(ctx, node, ctx.new(node.inputs[1]), shape[batch:])
+    size = int(np.prod(shape[batch:batch + k]))
+    batches = int(np.prod(shape[:batch]))
+    if batch:
+        count = rows.type.shape[0]
+        offsets = np.repeat(np.arange(batches, dtype=np.int64) * size, count // batches).reshape(count, 1)
+        rows = ctx.op("Add", rows, ctx.const(offsets, "batch_rows"))
+    table = (batches * size,) + shape[batch + k:]
     placed = place_rows(ctx, grads[0], rows, table, 0)
     return [ctx.op("Reshape", placed, ctx.ints(shape)), None]
 
@@ -112,8 +113,6 @@ def _scatter(ctx, node, grads, read_back: str):
         d_data = g if reduction == "add" else ctx.op(node.op_type, g, indices, ctx.zeros_like(updates), **attrs)
     d_updates = None
     if ctx.needs(node.inputs[2]):
-        if read_back == "GatherND":
-            _check_batch_dims(node)
         d_updates = ctx.op(read_back, g, indices, **attrs)
     return [d_data, None, d_updates]
 

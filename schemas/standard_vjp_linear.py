@@ -2,13 +2,17 @@
 
 Einsum's cotangent of operand i is itself an Einsum: the output's cotangent contracted with the other operands to
 operand i's subscripts; a subscript only operand i has (summed away in the forward) is broadcast back with Expand.
-An ellipsis is given letters of its own. A subscript repeated within one operand (a diagonal) and an ellipsis
-broadcast from size 1 are refused with a GraphError.
+An ellipsis is given letters of its own. A subscript repeated within one operand (a diagonal, ``ii->i``) gives that
+operand a cotangent on its diagonal only: each repeat is renamed to a fresh letter tied to the first by an identity
+matrix in the cotangent's Einsum (the dim must be static). An operand broadcast from size 1 is refused with a
+GraphError.
 """
 
 from __future__ import annotations
 
 import string
+
+import numpy as np
 
 from ..ir._errors import GraphError
 from .standard_vjp import STANDARD, optional_input, scalar
@@ -63,11 +67,27 @@ def _einsum_terms(node) -> tuple[list[str], str]:
     else:                               # implicit: the ellipsis, then the subscripts used once, in alphabetical order
         letters = "".join(terms)
         output = ellipsis + "".join(sorted(ch for ch in set(letters) if letters.count(ch) == 1 and ch not in ellipsis))
-    for term in terms:
-        if len(set(term)) != len(term):
-            raise GraphError(f"geir.grad: Einsum '{node.name}': a subscript repeated within one operand ({equation!r}, "
-                             f"a diagonal) is not differentiated", node=node.name)
     return terms, output
+
+
+def _diagonal(ctx, node, term: str, value, spare: list[str], dtype) -> tuple[str, list[str], list]:
+    """``term`` with each repeated subscript renamed to a fresh letter (taken from ``spare``), and the identity
+    matrices (subscripts, values) that tie each fresh letter to the first: the cotangent lands on the diagonal."""
+    seen: set[str] = set()
+    renamed, ties, eyes = [], [], []
+    for ch, dim in zip(term, value.type.shape):
+        if ch not in seen:
+            seen.add(ch)
+            renamed.append(ch)
+            continue
+        if not isinstance(dim, int):
+            raise GraphError(f"geir.grad: Einsum '{node.name}': the diagonal along subscript '{ch}' needs a static "
+                             f"size, got {dim}", node=node.name)
+        fresh = spare.pop(0)
+        renamed.append(fresh)
+        ties.append(ch + fresh)
+        eyes.append(ctx.const(np.eye(dim, dtype=dtype), "diagonal"))
+    return "".join(renamed), ties, eyes
 
 
 @register_vjp("Einsum", STANDARD)
@@ -86,11 +106,13 @@ def _einsum(ctx, node, grads):
             if isinstance(dim, int) and isinstance(wanted, int) and dim != wanted:
                 raise GraphError(f"geir.grad: Einsum '{node.name}': operand {i} is broadcast along subscript "
                                  f"'{letter}' (size {dim} to {wanted}); give it the full size", node=node.name)
-        others = [t for j, t in enumerate(terms) if j != i]
+        spare = [ch for ch in string.ascii_letters if ch not in "".join(terms) + output]
+        term, ties, eyes = _diagonal(ctx, node, term, value, spare, g.type.dtype.numpy)
+        others = [t for j, t in enumerate(terms) if j != i] + ties
         reachable = set(output).union(*others) if others else set(output)
         kept = "".join(ch for ch in term if ch in reachable)
         equation = ",".join([output] + others) + "->" + kept
-        d = ctx.op("Einsum", g, *(o for j, o in enumerate(operands) if j != i), equation=equation)
+        d = ctx.op("Einsum", g, *(o for j, o in enumerate(operands) if j != i), *eyes, equation=equation)
         missing = [k for k, ch in enumerate(term) if ch not in reachable]
         if missing:                 # summed away by operand i alone: every position of it gets the same cotangent
             d = ctx.op("Expand", ctx.op("Unsqueeze", d, ctx.ints(missing)), ctx.shape_of(operands[i]))
