@@ -1,7 +1,8 @@
 """Vector-Jacobian products of the normalizations and Dropout.
 
 LayerNormalization (every output: Y, and Mean and InvStdDev where something reads their cotangent), RMSNormalization
-(opset 23), BatchNormalization in inference form (the running statistics as inputs, differentiated too), Dropout
+(opset 23), BatchNormalization in inference form (the running statistics as inputs, differentiated too) and in
+training form (opset 14+: through the batch's statistics, and the running statistics it outputs), Dropout
 (the identity in inference; in training the kept mask scaled by 1 / (1 - ratio), the forward node made to return its
 mask). Statistics are recomputed in the derivative graph in the op's stash type (float32 for 16-bit inputs) unless
 the forward node returns them.
@@ -116,10 +117,14 @@ def _rms_norm(ctx, node, grads):
 
 @register_vjp("BatchNormalization", STANDARD)
 def _batch_norm(ctx, node, grads):
-    """Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias per channel (axis 1)."""
-    if int(node.attributes.get("training_mode", 0)) or (node.version or 15) < 9:
-        raise GraphError(f"geir.grad: BatchNormalization '{node.name}': only the inference form (opset >= 9, "
-                         f"training_mode 0: the running statistics as inputs) is differentiated", node=node.name)
+    """Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias per channel (axis 1); training form (opset
+    14+, ``training_mode`` 1): the batch's own statistics, and the running ones as outputs."""
+    version = node.version or 15
+    if int(node.attributes.get("training_mode", 0)) and version >= 14:
+        return _batch_norm_training(ctx, node, grads)
+    if int(node.attributes.get("training_mode", 0)) or version < 9 or version < 14 and len(node.outputs) > 1:
+        raise GraphError(f"geir.grad: BatchNormalization '{node.name}': only the inference form (opset >= 9) and "
+                         f"the training form of opset 14+ (training_mode 1) are differentiated", node=node.name)
     x, scale, bias, mean, var = (ctx.new(v) for v in node.inputs)
     rank = len(x.type.shape)
     g = grads[0]
@@ -148,6 +153,48 @@ def _batch_norm(ctx, node, grads):
         d_var = ctx.op("Mul", total(ctx.op("Mul", g, centred)),
                        ctx.op("Mul", _as(ctx, scale, x.type.dtype.onnx), ctx.op("Mul", cube, scalar(ctx, x, -0.5))))
         result[4] = _back(ctx, d_var, var)
+    return result
+
+
+def _batch_norm_training(ctx, node, grads):
+    """y = (x - mu) / sqrt(v + eps) * scale + bias with mu, v the batch's mean and (population) variance per channel;
+    running_mean = mean * momentum + mu * (1 - momentum), running_var likewise with v (ONNX's reference)."""
+    x, scale, bias, mean, var = (ctx.new(v) for v in node.inputs)
+    rank, dtype = len(x.type.shape), x.type.dtype.onnx
+    other = [0] + list(range(2, rank))
+    per_channel = [-1] + [1] * (rank - 2)
+    momentum = float(node.attributes.get("momentum", 0.9))
+    g_y, g_mean, g_var = (list(grads) + [None, None])[:3]
+
+    def channel(value):
+        return ctx.op("Reshape", _as(ctx, value, dtype), ctx.ints(per_channel))
+
+    def total(value):
+        return ctx.op("ReduceSum", value, ctx.ints(other), keepdims=0)
+    mu = _mean(ctx, x, other)
+    centred = ctx.op("Sub", x, mu)
+    rstd = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", _mean(ctx, ctx.op("Mul", centred, centred), other),
+                                                      scalar(ctx, x, float(node.attributes.get("epsilon", 1e-5))))))
+    xhat = ctx.op("Mul", centred, rstd)
+    count = reduced_count(ctx, x, other)                                           # elements per channel
+    dx = None
+    result: list = [None] * 5
+    if g_y is not None:
+        dx = _project(ctx, rstd, ctx.op("Mul", g_y, channel(scale)), xhat, other, centred=True)
+        if ctx.needs(node.inputs[1]):
+            result[1] = _back(ctx, total(ctx.op("Mul", g_y, xhat)), scale)
+        if ctx.needs(node.inputs[2]):
+            result[2] = _back(ctx, total(g_y), bias)
+    for g, stat, index, through in ((g_mean, mean, 3, None), (g_var, var, 4, centred)):
+        if g is None:
+            continue
+        share = ctx.op("Div", channel(ctx.op("Mul", g, scalar(ctx, g, 1.0 - momentum))), count)    # d mu or d v / n
+        part = share if through is None else ctx.op("Mul", ctx.op("Mul", share, scalar(ctx, x, 2.0)), through)
+        part = ctx.op("Expand", part, ctx.shape_of(x))
+        dx = part if dx is None else ctx.op("Add", dx, part)
+        if ctx.needs(node.inputs[index]):
+            result[index] = _back(ctx, ctx.op("Mul", g, scalar(ctx, g, momentum)), stat)
+    result[0] = dx if dx is not None else ctx.zeros_like(x)
     return result
 
 

@@ -147,14 +147,13 @@ def test_newer_opset_normalizations_and_gelu():
 
 
 @pytest.mark.parametrize("case, message", [
-    ("batch_norm_training", r"only the inference form"),
+    ("batch_norm_training", r"training form of opset 14\+"),
     ("scatter_mul", r"reduction 'mul' is not differentiated"),
 ])
 def test_forms_not_differentiated_are_named(case, message):
     bodies = {
-        "batch_norm_training": lambda b, x: b.op("BatchNormalization", x, *(b.constant(n, np.ones(3, np.float32))
-                                                                           for n in "sbmv"), training_mode=1,
-                                                 outputs=3)[0],
+        "batch_norm_training": lambda b, x: b.add_node(get_schema("BatchNormalization", "", version=9), [x, *(
+            b.constant(n, np.ones(3, np.float32)) for n in "sbmv")], {}, output_names=["y", "y_mean", "y_var", "saved_mean", "saved_var"])[0],
         "scatter_mul": lambda b, x: b.op("ScatterElements", x, b.constant("i", np.zeros((1, 3), np.int64)),
                                          b.constant("u", np.ones((1, 3), np.float32)), reduction="mul"),
     }
@@ -218,3 +217,20 @@ def test_gather_nd_with_batch_dims_places_each_batch_in_its_own_rows(batch_dims,
     x = b.input("x", "float64", data)
     b.output(b.op("GatherND", x, b.constant("i", np.array(indices, np.int64)), batch_dims=batch_dims), "y")
     assert directional_error(b.build(), {"x": np.random.default_rng(6).standard_normal(data)}) < 1e-8
+
+
+@pytest.mark.parametrize("wrt", [None, ["x", "scale", "bias"]])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 2, 2)])
+def test_training_batch_norm_differentiates_through_the_batch_statistics(shape, wrt):
+    """training_mode 1: the batch's mean and variance (and with three outputs the running statistics, which mix the
+    given ones by momentum) depend on x; every input gets its cotangent."""
+    b = geir.GraphBuilder("batch_norm")
+    x = b.input("x", "float64", shape)
+    params = [b.input(n, "float64", (3,)) for n in ("scale", "bias", "mean", "var")]
+    for k, value in enumerate(b.op("BatchNormalization", x, *params, training_mode=1, momentum=0.8, epsilon=1e-3,
+                                   outputs=3)):
+        b.output(value, f"out{k}")
+    rng = np.random.default_rng(8)
+    feeds = {"x": rng.standard_normal(shape), "scale": rng.uniform(0.5, 1.5, 3), "bias": rng.standard_normal(3),
+             "mean": rng.standard_normal(3), "var": rng.uniform(0.5, 1.5, 3)}
+    assert directional_error(b.build(), feeds, wrt=wrt) < 1e-7
