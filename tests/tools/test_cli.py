@@ -29,6 +29,7 @@ def test_demo_fails_loudly_when_a_case_is_wrong(monkeypatch, capsys):
     assert out.count("FAIL") == 1 and f"{len(cases) - 1}/{len(cases)} cases passed" in out
 
 
+@pytest.mark.slow      # 20 s, the default run's longest test; `geir bench sfa --quick` below stays in it
 def test_bench_quick_prints_one_table_with_both_runtimes(capsys):
     assert main(["bench", "rotary", "moe", "--quick", "--repeat", "1"]) == 0
     captured = capsys.readouterr()
