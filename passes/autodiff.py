@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from onnx import defs as onnx_defs
 
 from ..ir._core import Graph, Node, Value, unused_name
 from ..ir._editor import GraphEditor
@@ -31,7 +30,7 @@ from ..ir._onnx_body import OPSET
 from ..ir._types import TensorType
 from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
 from ._infra import Pass, PassResult
-from .expand_functions import expand_functions
+from .expand_functions import defines_by_body, expand_functions
 from .build import build
 from .dead_code import EliminateDeadCode, drop_unused_constants
 
@@ -182,17 +181,9 @@ def _without_rule(op_type: str, domain: str) -> bool:
 def _expandable(order: list[Node], depends: set[int]) -> set[int]:
     """ids of the standard nodes on the way from the inputs differentiated that no rule covers and ONNX defines by a
     function body (``expand_functions``)."""
-    found = set()
-    for node in order:
-        if node.domain == "" and _without_rule(node.op_type, node.domain) and \
-                any(v is not None and id(v) in depends for v in node.inputs):
-            try:
-                schema = onnx_defs.get_schema(node.op_type, node.version or OPSET, node.domain)
-            except onnx_defs.SchemaError:
-                continue
-            if schema.has_function or schema.has_context_dependent_function:
-                found.add(id(node))
-    return found
+    return {id(node) for node in order if node.domain == "" and _without_rule(node.op_type, node.domain)
+            and any(v is not None and id(v) in depends for v in node.inputs)
+            and defines_by_body(node.op_type, node.version or OPSET, node.domain)}
 
 
 def _dependents(graph: Graph, order: list[Node], sources: list[Value]) -> set[int]:
@@ -256,12 +247,14 @@ def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
     if not targets:
         raise GraphError(f"geir.grad: graph '{graph.name}' has no floating output to differentiate")
     order = graph.topological_order()
-    expandable = _expandable(order, _dependents(graph, order, sources))
+    depends = _dependents(graph, order, sources)
+    expandable = _expandable(order, depends)
     if expandable:      # ops ONNX defines by a function body and no rule covers (Attention): written out first
         graph = expand_functions(graph, expandable, _without_rule)
         sources = _select(graph, [v.name for v in sources], graph.inputs, "input")
         targets = _select(graph, [v.name for v in targets], graph.outputs, "output")
         order = graph.topological_order()
+        depends = _dependents(graph, order, sources)
     b = GraphEditor(f"{graph.name}_grad")
     ctx = VjpContext(b, graph)
 
@@ -272,7 +265,7 @@ def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
     interface = frozenset(names) | {f"grad_{v.name}" for v in sources}   # a constant of such a name is renamed
     ctx.mapping.update(b.copy_from(graph, rewrite, outputs=False, reserved=interface))
     cotangents = {id(v): b.input(names[i], v.type.dtype, v.type.shape) for i, v in enumerate(targets)}
-    depends = ctx.depends = _dependents(graph, order, sources)
+    ctx.depends = depends
     for node in reversed(order):
         out_grads = [cotangents.get(id(v)) if v is not None else None for v in node.outputs]
         if all(g is None for g in out_grads) or not any(v is not None and id(v) in depends for v in node.inputs):

@@ -25,10 +25,19 @@ from ..ir._onnx_body import OPSET
 from ..ir._standard import standard_schema
 from .build import build
 
-__all__ = ["expand_functions", "function_body"]
+__all__ = ["defines_by_body", "expand_functions", "function_body"]
 
 MAX_DEPTH = 4
 """How deep bodies are expanded within bodies (an op of a body that has no rule but a body of its own)."""
+
+
+def defines_by_body(op_type: str, version: int, domain: str) -> bool:
+    """Whether ONNX defines the op at ``version`` by a function body (its own or one built from the node)."""
+    try:
+        schema = defs.get_schema(op_type, version, domain)
+    except defs.SchemaError:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
 
 
 def function_body(op_type: str, version: int, domain: str, attributes: dict[str, Any],

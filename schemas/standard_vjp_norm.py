@@ -115,6 +115,25 @@ def _rms_norm(ctx, node, grads):
     return [_back(ctx, dx, x), d_scale]
 
 
+def _batch_axes(x) -> list[int]:
+    """BatchNormalization's statistics axes: every axis but the channel (1)."""
+    return [0] + list(range(2, len(x.type.shape)))
+
+
+def _per_channel(ctx, x):
+    """(channel, total) for BatchNormalization on ``x``: a (C,) value shaped to broadcast over x (in x's dtype), and
+    a value of x's shape summed to (C,)."""
+    per_channel = ctx.ints([-1] + [1] * (len(x.type.shape) - 2))
+    axes = ctx.ints(_batch_axes(x))
+
+    def channel(value):
+        return ctx.op("Reshape", _as(ctx, value, x.type.dtype.onnx), per_channel)
+
+    def total(value):
+        return ctx.op("ReduceSum", value, axes, keepdims=0)
+    return channel, total
+
+
 @register_vjp("BatchNormalization", STANDARD)
 def _batch_norm(ctx, node, grads):
     """Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias per channel (axis 1); training form (opset
@@ -126,17 +145,8 @@ def _batch_norm(ctx, node, grads):
         raise GraphError(f"geir.grad: BatchNormalization '{node.name}': only the inference form (opset >= 9) and "
                          f"the training form of opset 14+ (training_mode 1) are differentiated", node=node.name)
     x, scale, bias, mean, var = (ctx.new(v) for v in node.inputs)
-    rank = len(x.type.shape)
     g = grads[0]
-    per_channel = [-1] + [1] * (rank - 2)
-    other = [0] + list(range(2, rank))
-
-    def channel(value):
-        return ctx.op("Reshape", _as(ctx, value, x.type.dtype.onnx), ctx.ints(per_channel))
-
-    def total(value):
-        return ctx.op("ReduceSum", value, ctx.ints(other), keepdims=0)
-
+    channel, total = _per_channel(ctx, x)
     eps = scalar(ctx, x, float(node.attributes.get("epsilon", 1e-5)))
     rstd = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", _as(ctx, var, x.type.dtype.onnx), eps)))   # (C,)
     centred = ctx.op("Sub", x, channel(mean))
@@ -160,17 +170,10 @@ def _batch_norm_training(ctx, node, grads):
     """y = (x - mu) / sqrt(v + eps) * scale + bias with mu, v the batch's mean and (population) variance per channel;
     running_mean = mean * momentum + mu * (1 - momentum), running_var likewise with v (ONNX's reference)."""
     x, scale, bias, mean, var = (ctx.new(v) for v in node.inputs)
-    rank, dtype = len(x.type.shape), x.type.dtype.onnx
-    other = [0] + list(range(2, rank))
-    per_channel = [-1] + [1] * (rank - 2)
+    other = _batch_axes(x)
     momentum = float(node.attributes.get("momentum", 0.9))
     g_y, g_mean, g_var = (list(grads) + [None, None])[:3]
-
-    def channel(value):
-        return ctx.op("Reshape", _as(ctx, value, dtype), ctx.ints(per_channel))
-
-    def total(value):
-        return ctx.op("ReduceSum", value, ctx.ints(other), keepdims=0)
+    channel, total = _per_channel(ctx, x)
     mu = _mean(ctx, x, other)
     centred = ctx.op("Sub", x, mu)
     rstd = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op("Add", _mean(ctx, ctx.op("Mul", centred, centred), other),

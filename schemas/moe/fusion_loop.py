@@ -8,16 +8,16 @@ TorchScript exporter writes each ``index_add_`` as a row scatter into zeros adde
                                                                   Shape(u_i)), u_i, axis=0))
 
 with ``u_i`` the expert's weighted rows (through an Expand to the shape of ``acc_i[0:1]``, which keeps them as
-they are; on an empty sum it would drop a lone row, which the fused graph refuses instead: its token is out of range). That sum is
-MoeTokenUnpermute over the rows of every expert, concatenated, with one slot per (token, iteration): slot
+they are; on an empty sum it would drop a lone row, which the fused graph refuses instead: its token is out of
+range). That sum is MoeTokenUnpermute over the rows of every expert, concatenated, with one slot per (token, iteration): slot
 ``t * n + i`` holds the row iteration ``i`` scattered to token ``t``, probs are ones (the loop weights its rows
 itself, and 1 * x is x), and a slot no row was scattered to is a dropped slot (an id in [R, M), distinct). The op
 adds a token's slots in iteration order, from +0, in float32, as the chain does: a skipped +0 term changes nothing,
 since a sum that starts at +0 is never -0. Nothing is assumed about the routing: the slots come from the scatter's
 own indices, so two rows of one iteration sent to one token give one slot, which holds the last of them as the
 scatter keeps it, unless the dropped ids then pass M and the op refuses them (MU-D1) when the graph runs; a token
-id out of [-T, T), which the scatter refuses, is refused too. Float32 only: in float16 or bfloat16 the chain rounds after
-every add, the op once.
+id out of [-T, T), which the scatter refuses, is refused too. Float32 only: in float16 or bfloat16 the chain rounds
+after every add, the op once.
 """
 
 from __future__ import annotations
@@ -130,8 +130,10 @@ def _continues(view: GraphView, add) -> bool:
 @register_pattern("MoE per-expert loop (row scatters into zeros, summed)", "Add")
 def _per_expert_loop(view: GraphView, add):
     """transformers' eager per-expert loop, exported: see the module docstring."""
+    if _continues(view, add):       # one step; every Add but the sum's last is answered here, not walked back
+        return None
     chain = _chain(view, add)
-    if chain is None or _continues(view, add):
+    if chain is None:
         return None
     if isinstance(chain, NearMiss):
         return chain

@@ -65,7 +65,8 @@ def reference(graph: Graph, feeds: Mapping[str, np.ndarray], rounded: bool = Tru
                                  f"{exc}", node=node.name) from exc
         for value, array in zip(node.outputs, results if isinstance(results, tuple) else (results,)):
             if value is not None:
-                env[value.name] = _widen(array) if value.dtype.is_floating else array   # a Constant node's float32
+                narrower = value.dtype.is_floating and getattr(array, "dtype", None) != np.float64
+                env[value.name] = _widen(array) if narrower else array      # a Constant node's float32, say
     if not rounded:
         return {v.name: np.array(env[v.name]) for v in graph.outputs}
     return {v.name: np.asarray(env[v.name]).astype(v.dtype.numpy) for v in graph.outputs}
