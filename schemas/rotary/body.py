@@ -4,7 +4,8 @@ The partner index, the pair sign and the mode-3 (de)interleave permutations are 
 from ``rotary_mode`` and the slice with integer ops and selected with ``Where``; with the
 attributes constant, ONNX Runtime folds all of it into constant Gather indices. Compute is
 float32 (``y = c*g + m*gather(g, partner)``, the kernels' products), rounded once; the
-parts outside the slice are concatenated back untouched.
+parts outside the slice are concatenated back untouched. An empty slice or an empty x/cos/sin makes the op
+the identity (``schema.grad_is_noop``): the body then rotates an empty slice and reads cos/sin as (1, 1, 1, 0).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ def _rotary_body(b: Body, x: str, out: str, is_grad: bool) -> None:
     d = b.dim(x, 3)
     bounds = b.concat(b.attr_ints("partial_slice"), b.ints(0), d)      # [] means [0, D]
     start, end = b.slice(bounds, b.ints(0), b.ints(1), 0), b.slice(bounds, b.ints(1), b.ints(2), 0)
+    empty = [b.op("Equal", b.op("ReduceMin", b.op("Shape", t), keepdims=0), b.const(0)) for t in (x, "cos", "sin")]
+    noop = b.op("Or", b.op("Equal", end, start), b.op("Or", empty[0], b.op("Or", empty[1], empty[2])))
+    end = b.where(noop, start, end)       # the identity (grad_is_noop): rotate the empty slice [start, start)
     length = b.op("Sub", end, start)
     mode = b.attr_int("rotary_mode")
     idx = b.op("Range", b.const(0), b.scalar(length), b.const(1))
@@ -41,6 +45,8 @@ def _rotary_body(b: Body, x: str, out: str, is_grad: bool) -> None:
     g = b.slice(b.to_float(x), start, end, 3)
     zero = b.ints(0)      # cos/sin hold L values; with L = 0 their last dim is free: take [:L]
     c, n = (b.slice(b.to_float(t), zero, length, 3) for t in ("cos", "sin"))
+    # an identity's cos/sin need not broadcast onto x (any shape, even empty): read them as (1, 1, 1, 0)
+    c, n = (b.op("Reshape", t, b.where(noop, b.ints(1, 1, 1, 0), b.op("Shape", t)), allowzero=1) for t in (c, n))
     if is_grad:
         m = b.op("Mul", sign, b.op("Gather", n, partner, axis=3))        # the partner's sin
         y = b.op("Add", b.op("Mul", c, g), b.op("Mul", m, b.op("Gather", g, partner, axis=3)))

@@ -59,8 +59,8 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_mode: int, pa
     """The op's result, computed from the tables: float32 math, one rounding to ``x``'s dtype."""
     start, end = slice_bounds(partial_slice, x.shape[-1])
     out = x.copy()
-    if end == start or x.size == 0:
-        return out
+    if end == start or x.size == 0 or cos.size == 0 or sin.size == 0:   # the identity (grad_is_noop; the forward's
+        return out                                                      # empty cos/sin need L = 0, RP-S6)
     t = rotation_tables(rotary_mode, end - start)
     g = x[..., start:end].astype(np.float32)
     c, n = cos.astype(np.float32), sin.astype(np.float32)

@@ -2,7 +2,9 @@
 
 Rotary position embedding, or its gradient, applied in place to the slice ``[start, end)``
 of the last axis of a 4-D tensor ``X`` of shape (B, S, N, D); ``cos``/``sin`` have shape
-(B|1, S|1, N|1, L) with ``L = end - start`` and broadcast onto ``X[..., start:end]``.
+(B|1, S|1, N|1, L) with ``L = end - start`` and broadcast onto ``X[..., start:end]``. The grad is the
+identity when the slice or any of dy/cos/sin is empty (``grad_is_noop``, issue 27, item 3); the forward
+is the identity for an empty slice.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ...ir._types import BroadcastError, Dim, TensorType
 from ...ir._registry import register
 from ...ir._schema import AttrKind, AttrSpec, InferContext, InputSpec, OpSchema, OutputSpec
 
-__all__ = ["FORWARD", "GRAD", "ROTARY_MODES", "rotary_slice"]
+__all__ = ["FORWARD", "GRAD", "ROTARY_MODES", "grad_is_noop", "rotary_slice"]
 
 F16, F32, BF16 = DType.FLOAT16, DType.FLOAT32, DType.BFLOAT16
 _FLOATS = (F16, F32, BF16)
@@ -34,6 +36,20 @@ def slice_bounds(partial_slice: Sequence[int], d: Dim) -> tuple[int, Dim]:
         return 0, d
     start, end = partial_slice
     return int(start), int(end)
+
+
+def grad_is_noop(length: Dim, *shapes: Sequence[Dim]) -> bool:
+    """Whether the grad is the identity without reading cos/sin: an empty slice, or an empty ``dy``, ``cos`` or
+    ``sin`` (some dimension 0; a symbolic dimension counts as non-zero until it is fed).
+
+    ops-transformer posembedding/inplace_partial_rotary_mul_grad/op_host/
+    inplace_partial_rotary_mul_grad_tiling_base_arch35.cpp @2b888cdb (2026-08): ``sliceLength_ == 0 || dySize == 0
+    || cosSize == 0 || sinSize == 0`` selects the empty-tensor tiling key, whose kernel returns dy unchanged; the
+    tiling still checks rank 4, cos == sin shapes, dtypes, the mode, the slice bounds and cos D <= dy D first
+    (RP-S1..S5, RP-S7b, RP-T2) and skips the rest (RP-S6..S9, RP-T3). That device, the only one with a grad
+    kernel, defines the reference semantics here: identity (issue 27, item 3).
+    """
+    return length == 0 or any(d == 0 for shape in shapes for d in shape)
 
 
 def rotary_slice(ctx: InferContext) -> tuple[int, Dim, Dim]:
@@ -71,25 +87,28 @@ def _check(ctx: InferContext) -> None:
     if not isinstance(length, int):  # symbolic D with forward slice []: rules depending on L wait for run time
         ctx.deferred += ["RP-S6", "RP-S7", "RP-S8", "RP-S9"]
         return
-    if is_grad or length > 0:
+    if is_grad and grad_is_noop(length, x.shape, cos.shape, sin.shape):
+        # The grad is the identity (an empty slice or an empty dy/cos/sin): RP-S6..S9 do not apply (issue 27,
+        # item 3: the arch35 tiling's empty-tensor key); RP-S7b (cos D <= D) still does, as in that tiling.
+        if length == 0:
+            ctx.warn("RP-W1", ctx.attr_subject("partial_slice"), "a non-empty slice [start, end)", list(pslice),
+                     EMPTY_GRAD_SLICE_HINT)
+        c3 = cos.shape[3]
+        ok = c3 <= d if isinstance(c3, int) and isinstance(d, int) else None
+        ctx.require(ok, "RP-S7b", ctx.input_subject(1, 3), f"<= D = {d} (the grad is the identity here)", c3)
+        return
+    if length > 0:      # forward with L > 0; every grad that is not the identity
         for i, t in enumerate((x, cos, sin)):
             for k, dim in enumerate(t.shape):
                 ctx.require(dim != 0, "RP-S6", ctx.input_subject(i, k), "a non-zero extent", 0,
-                            "zero-size tensors are rejected" + ("" if is_grad else " when the slice is not empty"))
+                            "zero-size tensors are rejected when the slice is not empty")
         _check_broadcast(ctx, x, cos)
-    if length > 0:
         ctx.require(ctx.equal(cos.shape[3], length), "RP-S7", ctx.input_subject(1, 3),
                     f"{length} (slice length end - start = {end} - {start})", cos.shape[3],
                     "cos/sin are not sliced: their last axis already has the slice length")
         multiple = 4 if mode == 2 else 2
         ctx.require(length % multiple == 0, "RP-S9", ctx.attr_subject("partial_slice"),
                     f"a slice length divisible by {multiple} for rotary_mode {mode}", f"{length} ({got})")
-    elif is_grad:
-        ctx.warn("RP-W1", ctx.attr_subject("partial_slice"), "a non-empty slice [start, end)", list(pslice),
-                 EMPTY_GRAD_SLICE_HINT)
-        c3 = cos.shape[3]
-        ok = c3 <= d if isinstance(c3, int) and isinstance(d, int) else None
-        ctx.require(ok, "RP-S7b", ctx.input_subject(1, 3), f"<= D = {d} (empty slice)", c3)
 
 
 def _check_broadcast(ctx: InferContext, x: TensorType, cos: TensorType) -> None:

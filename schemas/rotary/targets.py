@@ -1,4 +1,10 @@
-"""Device restrictions of the rotary ops (the contract's target table), registered as rows."""
+"""Device restrictions of the rotary ops (the contract's target table), registered as rows.
+
+Issue 27, item 3: RP-S6 no longer binds the grad anywhere. An empty dy/cos/sin (or slice) makes the grad the
+identity (``schema.grad_is_noop``), as the only grad kernel (ascend950's arch35 tiling, 2026-08) does; on
+ascend910b/ascend910_93 RP-T1 already refuses every grad, so no row there would state anything CANN states.
+On ascend950 RP-T2 (mode 1) still binds an identity grad (the tiling checks the mode first); RP-T3 does not.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from collections.abc import Callable
 
 from ...ir._schema import InferContext
 from ..targets import A2, A3, A5, ASCEND_TRAINING, Finding, TargetRule, kernel_rule, register_target_rules
-from .schema import FORWARD, GRAD, EMPTY_GRAD_SLICE_HINT, rotary_slice
+from .schema import FORWARD, GRAD, EMPTY_GRAD_SLICE_HINT, grad_is_noop, rotary_slice
 
 
 # -- rotary (spec 2.3) -------------------------------------------------------------------
@@ -23,6 +29,25 @@ def _empty_grad_slice(ctx: InferContext) -> Finding | None:
                    EMPTY_GRAD_SLICE_HINT)
 
 
+def _grad_noop(ctx: InferContext) -> bool:
+    return grad_is_noop(rotary_slice(ctx)[2], *(t.shape for t in ctx.inputs))
+
+
+def _empty_grad_tensor(ctx: InferContext) -> Finding | None:
+    """RP-W2: an empty dy/cos/sin (with a non-empty slice) makes the grad the identity on ascend950.
+
+    Source: ops-transformer posembedding/inplace_partial_rotary_mul_grad/op_host/
+    inplace_partial_rotary_mul_grad_tiling_base_arch35.cpp @2b888cdb (2026-08; issue 27, item 3): the empty-tensor
+    tiling key returns dy unchanged; docs/aclnnInplacePartialRotaryMulGrad.md @307cfaf2 still says "不支持输入空
+    Tensor". The code implements the case, so a warning (like RP-W1), not RP-S6's former error.
+    """
+    if _slice_is_empty(ctx) or not _grad_noop(ctx):
+        return None
+    i, k = next((i, k) for i, t in enumerate(ctx.inputs) for k, d in enumerate(t.shape) if d == 0)
+    return Finding(ctx.input_subject(i, k), "a non-zero extent (the docs call empty tensors unsupported)", 0,
+                   "the device's tiling makes the grad the identity here: dy is returned unchanged")
+
+
 def _mode_is_interleave(ctx: InferContext) -> Finding | None:
     mode = ctx.attr("rotary_mode")
     if mode == 1:
@@ -34,7 +59,7 @@ def _mode_is_interleave(ctx: InferContext) -> Finding | None:
 def _head_dim_limit(forward: bool) -> Callable[[InferContext], Finding | None]:
     def check(ctx: InferContext) -> Finding | None:
         d = ctx.input(0).shape[3]
-        if (forward and _slice_is_empty(ctx)) or not isinstance(d, int) or d <= 1024:
+        if (_slice_is_empty(ctx) if forward else _grad_noop(ctx)) or not isinstance(d, int) or d <= 1024:
             return None
         return Finding(ctx.input_subject(0, 3), "D <= 1024", d)
     return check
@@ -66,7 +91,9 @@ register_target_rules(
     TargetRule("RP-T2", FORWARD, frozenset({A2, A3, A5}), _mode_is_interleave),
     TargetRule("RP-T2", GRAD, frozenset({A5}), _mode_is_interleave),
     TargetRule("RP-T3", FORWARD, frozenset({A2, A3, A5}), _head_dim_limit(forward=True)),
-    TargetRule("RP-T3", GRAD, frozenset({A5}), _head_dim_limit(forward=False)),
+    TargetRule("RP-W2", GRAD, frozenset({A5}), _empty_grad_tensor, src="doc (950 tiling: identity, 2026-08)",
+               warning=True),
+    TargetRule("RP-T3", GRAD, frozenset({A5}), _head_dim_limit(forward=False)),   # not when the grad is the identity
     TargetRule("RP-T4", FORWARD, frozenset({A2, A3, A5}), _head_dim_even),
     TargetRule("RP-T5", FORWARD, frozenset({A2, A3}), _cos_layout),
 )
