@@ -19,7 +19,7 @@ from .passes import CheckReport, Violation          # what check() returns, for 
 from .passes.fusion import FusionReport             # what fuse() returns beside the graph
 from .tools.facade import check, fuse, grad, run
 from .tools.onnx_import import from_onnx, load_onnx
-from .tools import ge
+from .tools import aclnn, ge
 
 from .ir._onnx_schemas import register_onnx_schemas
 
@@ -29,6 +29,7 @@ from .tools import backend, testing
 
 sys.modules.setdefault(__name__ + ".ge", ge)   # ``import geir.ge`` as well as ``from geir import ge``
 sys.modules.setdefault(__name__ + ".ge.op", ge.op)   # ``import geir.ge.op`` too: the same module, not a copy
+sys.modules.setdefault(__name__ + ".aclnn", aclnn)   # ``import geir.aclnn``: CANN's single-op API
 sys.modules.setdefault(__name__ + ".testing", testing)
 sys.modules.setdefault(__name__ + ".backend", backend)   # ONNX's backend interface: ``import geir.backend``
 
@@ -55,6 +56,7 @@ __all__ = [
     "TensorType",
     "Value",
     "Violation",
+    "aclnn",
     "as_dtype",
     "backend",
     "bfloat16",

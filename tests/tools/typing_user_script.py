@@ -116,6 +116,24 @@ def ge_rope_grad() -> np.ndarray | None:
     return outputs[0].GetData()
 
 
+def aclnn_rope_grad() -> np.ndarray:
+    """CANN's single-op call path: two phases, a workspace and a stream."""
+    from geir import aclnn
+
+    assert aclnn.aclInit(None, target="ascend950") == aclnn.ACLNN_SUCCESS
+    stream: aclnn.aclrtStream = aclnn.aclrtCreateStream()
+    dy = np.ones((1, 1, 1, 8), np.float32)
+    table = aclnn.aclCreateTensor(np.full((1, 1, 1, 8), 0.5, np.float32))
+    status, size, executor = aclnn.aclnnInplacePartialRotaryMulGradGetWorkspaceSize(
+        aclnn.aclCreateTensor(dy), table, table, 1, aclnn.aclCreateIntArray([0, 8]))
+    assert status == aclnn.ACLNN_SUCCESS, aclnn.aclGetRecentErrMsg()
+    workspace: aclnn.DeviceBuffer | None = aclnn.aclrtMalloc(size)
+    status = aclnn.aclnnInplacePartialRotaryMulGrad(workspace, size, executor, stream)
+    assert status == aclnn.ACLNN_SUCCESS and aclnn.aclrtSynchronizeStream(stream) == 0
+    aclnn.aclFinalize()
+    return dy
+
+
 def main() -> None:
     rope = rope_graph()
     print(sorted(run_and_check(rope)))
@@ -125,6 +143,7 @@ def main() -> None:
         print(len(onnx_round_trip(step, Path(folder)).nodes))
     result = ge_rope_grad()
     assert result is not None and result.shape == (2, 128, 8, 64)
+    assert aclnn_rope_grad().shape == (1, 1, 1, 8)
     sys.stdout.write("typed user script: ok\n")
 
 
