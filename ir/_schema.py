@@ -150,10 +150,12 @@ class InferContext(_NodeContext):
         target: str | None = None,
         input_values: Sequence[np.ndarray | None] | None = None,
         declared: Sequence[TensorType | None] | None = None,
+        sources: Sequence[object | None] | None = None,
     ) -> None:
         self.schema = schema
         self.declared = declared
         """Output types the node's file declares (``Node.declared``): all an op of a foreign domain has."""
+        self.sources = tuple(sources) if sources is not None else None   # the graph's input values (``same_input``)
         self.node = node
         self.inputs = tuple(input_types)
         self.input_values = tuple(input_values) if input_values is not None else (None,) * len(self.inputs)
@@ -171,6 +173,12 @@ class InferContext(_NodeContext):
 
     def equal(self, a: Dim, b: Dim) -> bool | None:
         return self.symbols.equal(a, b)
+
+    def same_input(self, a: int | str, b: int | str) -> bool | None:
+        """Whether inputs ``a`` and ``b`` are the same graph value (None: no graph to tell)."""
+        if self.sources is None:
+            return None
+        return self.sources[self.schema.input_index(a)] is self.sources[self.schema.input_index(b)]
 
     # -- reporting -----------------------------------------------------------------------
     def error(self, rule: str, subject: str, expected: object, got: object, hint: str | None = None) -> GraphError:

@@ -98,7 +98,7 @@ class CheckTarget(Pass):
         for node in graph.topological_order():
             types = [v.type if v is not None else None for v in node.inputs]
             ctx = InferContext(node.schema, node.name, types, node.attributes, symbols=graph.symbols,
-                               location=node.location, target=self.target)
+                               location=node.location, target=self.target, sources=node.inputs)
             for rule in rules_for(node.schema, self.target):
                 finding = rule.check(ctx)
                 if finding is not None:

@@ -34,7 +34,8 @@ def _examples() -> list[Example]:
                 {}, {"unpermuted_tokens": E2_FORWARD}, ALL, BF16_PROBS_F32),
         Example("E2 with probs", GRAD, {"permuted_tokens": E2_ROWS, "unpermuted_tokens_grad": E2_DY,
                                         "sorted_indices": E2_INDICES, "probs": E2_PROBS},
-                {}, {"permuted_tokens_grad": E2_PTG, "probs_grad": E2_PG}, ALL, BF16_PROBS_F32),
+                {}, {"permuted_tokens_grad": E2_PTG, "probs_grad": E2_PG}, ALL, BF16_PROBS_F32,
+                warning="MG-W2"),   # its bfloat16 run has float32 probs: the pair that is NaN on the device
         Example("MindSpore example, no probs (E3)", FORWARD,
                 {"permuted_tokens": constant, "sorted_indices": np.array([0, 6, 7, 5, 3, 1, 2, 4], np.int32)}, {},
                 {"unpermuted_tokens": np.repeat(np.array([1.0, 2, 3, 1, 3, 0, 0, 2])[:, None], 3, axis=1)}, ALL),

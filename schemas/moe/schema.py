@@ -26,9 +26,29 @@ def _product(a: Dim, b: Dim) -> Dim | None:
     return a * b if isinstance(a, int) and isinstance(b, int) else None
 
 
-def _check_padded_mode(ctx: InferContext, rule: str) -> None:
-    ctx.require(not ctx.attr("padded_mode"), rule, ctx.attr_subject("padded_mode"), "False",
-                True, "padded_mode=True is not supported")
+PADDED_MODE_HINT = ("ignored: the op computes as with padded_mode=False (CANN's A2/A3 tiling ignores it; "
+                    "aclnn on ascend950 refuses it)")
+
+
+def _warn_padded_mode(ctx: InferContext, rule: str) -> None:
+    """MU-W1 / MG-W1 (were the errors MU-S3 / MG-S6 until issue 27, item 3): padded_mode=True is ignored.
+
+    The reference semantics is what the kernels do: ops-transformer moe/moe_token_unpermute/op_host/
+    moe_token_unpermute_tiling.cpp never reads the attribute, and moe_token_unpermute_grad_tiling.cpp reads it but
+    sets ``paddedModeKey = 0`` (@c29bc106, 2025-11-15). Device rows: MU-T5 / MG-T3 (schemas/moe/targets.py).
+    """
+    if ctx.attr("padded_mode"):
+        ctx.warn(rule, ctx.attr_subject("padded_mode"), "False", True, PADDED_MODE_HINT)
+
+
+def is_bf16_tokens_f32_probs(ctx: InferContext) -> bool:
+    """bfloat16 tokens with float32 probs: the grad's dtype pair that returns NaN on the device (MG-W2)."""
+    tokens, probs = ctx.input("unpermuted_tokens_grad"), ctx.input("probs")
+    return probs is not None and tokens.dtype == BF16 and probs.dtype == F32
+
+
+BF16_F32_HINT = ("MoeTokenUnpermuteGrad returns NaN on ascend910b/ascend910_93 for this pair; cast probs to bfloat16, "
+                 "or the tokens to float32, around the op (as MindSpeed and torchtitan-npu do)")
 
 
 def _check_rank(ctx: InferContext, rule: str, key: str, rank: int, layout: str) -> None:
@@ -53,7 +73,7 @@ def _forward_check(ctx: InferContext) -> None:
     m = ctx.input("sorted_indices").shape[0]
     if probs is not None:
         _check_slot_count(ctx, "MU-S2", m, probs.shape[0], probs.shape[1])
-    _check_padded_mode(ctx, "MU-S3")
+    _warn_padded_mode(ctx, "MU-W1")
 
 
 def _forward_infer(ctx: InferContext) -> None:
@@ -89,7 +109,10 @@ def _grad_check(ctx: InferContext) -> None:
     for key, dim, size in extents:
         ctx.require(size != 0, "MG-S5", ctx.input_subject(key, dim), "a non-zero extent", 0,
                     "CANN's tiling rejects empty tensors")
-    _check_padded_mode(ctx, "MG-S6")
+    _warn_padded_mode(ctx, "MG-W1")
+    if is_bf16_tokens_f32_probs(ctx):
+        ctx.warn("MG-W2", ctx.input_subject("probs"), "bfloat16 probs with bfloat16 tokens", "float32",
+                 BF16_F32_HINT)
 
 
 def _grad_infer(ctx: InferContext) -> None:
@@ -127,7 +150,7 @@ FORWARD = register(OpSchema(
     ),
     outputs=(OutputSpec("unpermuted_tokens", doc="(tokens, hidden)"),),
     attributes=(
-        AttrSpec("padded_mode", AttrKind.BOOL, False, "must be False (True is not supported)"),
+        AttrSpec("padded_mode", AttrKind.BOOL, False, "ignored (MU-W1/MG-W1; MU-T5/MG-T3 on devices)"),
         AttrSpec("restore_shape", AttrKind.LIST_INT, (), "ignored"),
     ),
     type_combinations=tuple((t, I32, p) for t in _FLOATS for p in _FLOATS),
@@ -151,7 +174,7 @@ GRAD = register(OpSchema(
         OutputSpec("probs_grad", doc="shape of probs; without probs zeros (tokens, 1) of the token dtype"),
     ),
     attributes=(
-        AttrSpec("padded_mode", AttrKind.BOOL, False, "must be False (True is not supported)"),
+        AttrSpec("padded_mode", AttrKind.BOOL, False, "ignored (MU-W1/MG-W1; MU-T5/MG-T3 on devices)"),
         AttrSpec("restore_shape", AttrKind.LIST_INT, (1, 1), "ignored"),
     ),
     type_combinations=tuple((t, t, I32, p) for t in _FLOATS for p in _FLOATS),

@@ -211,9 +211,10 @@ def _check_paged_inputs(ctx: InferContext) -> None:
     ctx.require(table.rank == 2, "PA-S2", ctx.input_subject("block_table"), "rank 2 (B, max_blocks)",
                 f"rank {table.rank} (shape {table})")
     ctx.require(lengths is not None, "PA-S3", ctx.input_subject("actual_seq_lengths_kv"),
-                "a (B,) tensor of per-batch key counts (required with a paged cache)", "None")
+                "a (B,) tensor of per-batch key counts (required with layout_kv PA_BSND)", "None")
     ctx.require(not ctx.attr("return_softmax_lse"), "PA-S5", ctx.attr_subject("return_softmax_lse"), "False",
-                True, "CANN returns no softmax statistics from a paged cache")
+                True, "layout_kv 'PA_BSND' returns no softmax statistics (CANN's tiling: 'When return_softmax_lse "
+                "is true, layout_kv does not support PA_BSND')")
 
 
 def _check_paged_shapes(ctx: InferContext, layout: str, bound: dict[str, Dim]) -> None:

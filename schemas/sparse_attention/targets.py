@@ -68,7 +68,8 @@ def _unbounded_tokens(ctx: InferContext) -> Finding | None:
 
 def _no_sinks(ctx: InferContext) -> Finding | None:
     return None if ctx.input("sinks") is None else Finding(ctx.input_subject("sinks"), "None", "a tensor",
-                                                           "sinks are unsupported on this device (docs)")
+                                                           "sinks need ascend950 (aclnnSparseFlashAttentionV2 "
+                                                           "returns 361001 elsewhere)")
 
 
 def _value_present(ctx: InferContext) -> Finding | None:
@@ -77,12 +78,31 @@ def _value_present(ctx: InferContext) -> Finding | None:
 
 
 def _grad_extents(ctx: InferContext) -> Finding | None:
+    """SG-T12: ``B <= 256``; BSND ``S1 <= 128K``, ``S2 <= 1M``.
+
+    Source: ops-transformer attention/sparse_flash_attention_grad/docs/aclnnSparseFlashAttentionGrad.md @05328cd9
+    (2026-08; issue 27, item 3): "S1支持1~128K，S2支持1~1M" (S2's former 131,072 is stale).
+    """
     sizes = role_sizes(ctx)
-    limits = [("B", 256)] + ([("S1", 131072), ("S2", 131072)] if "S1" in sizes else [])
+    limits = [("B", 256)] + ([("S1", 131072), ("S2", 1048576)] if "S1" in sizes else [])
     for role, limit in limits:
         if isinstance(sizes[role], int) and sizes[role] > limit:
             return Finding(_dim_subject(ctx, role), f"{role} <= {limit}", sizes[role])
     return None
+
+
+def _value_is_key(ctx: InferContext) -> Finding | None:
+    """SG-T13: value is the key tensor itself, or absent (KV merge: the grad then reads key as value).
+
+    Source: ops-transformer attention/sparse_flash_attention_grad/docs/aclnnSparseFlashAttentionGrad.md @05328cd9
+    (公共约束): "当前只支持value和key完全一致的场景" (issue 27, item 3). A graph states "the same tensor" as the same
+    Value: a different Value is reported even when its data equals key's (geir cannot see data at check time),
+    and a graph checked without its values (a bare InferContext) is not judged.
+    """
+    if ctx.input("value") is None or ctx.same_input("value", "key") is not False:
+        return None
+    return Finding(ctx.input_subject("value"), "the same tensor as input 1 'key' (or None: KV merge)",
+                   "a different tensor", "the docs support only value identical to key; pass key as value")
 
 
 def _selection_memory(ctx: InferContext) -> Finding | None:
@@ -94,11 +114,12 @@ def _selection_memory(ctx: InferContext) -> Finding | None:
 
 
 def _paged_on_950(ctx: InferContext) -> Finding | None:
-    """PA-S6: ascend950 reads a paged cache without sinks and with sparse_block_size 1 (spec 4.11)."""
+    """PA-S6: ascend950 reads a paged cache with sparse_block_size 1 (spec 4.11; the 950 tiling's
+    CheckSingleParaSparseBlockSize). Sinks with a paged cache are allowed there since 2026-08: the tiling's
+    CheckSinks checks only dtype and shape (N1,), and test_sparse_flash_attention_tiling.cpp (arch35) runs
+    PA_BSND on Ascend950 (issue 27, item 3); the former "no sinks" half of PA-S6 is gone."""
     if not is_paged(ctx):
         return None
-    if ctx.input("sinks") is not None:
-        return Finding(ctx.input_subject("sinks"), "None (no sinks with a paged cache on ascend950)", "a tensor")
     bs = ctx.attr("sparse_block_size")
     return None if bs == 1 else Finding(ctx.attr_subject("sparse_block_size"), "1 (with a paged cache on ascend950)", bs)
 
@@ -131,9 +152,12 @@ register_target_rules(
     TargetRule("SG-T8", GRAD, frozenset({A5}), _in_set("K", frozenset(range(1024, 8193, 1024)),
                                                        "{1024, 2048, ..., 8192}"), src="code (950 tiling)"),
     TargetRule("SF-T9", FORWARD, ASCEND_TRAINING, _unbounded_tokens),
-    TargetRule("SF-T10", FORWARD, frozenset({A2, A3}), _no_sinks, src="doc"),
+    # issue 27, item 3: the code refuses it (op_host/op_api/aclnn_sparse_flash_attention_v2.cpp: sinks off
+    # DAV_3510 -> ACLNN_ERR_RUNTIME_ERROR 361001; op_api UT sparse_flash_attention_v2_aclnn_a3_sinks_not_supported)
+    TargetRule("SF-T10", FORWARD, frozenset({A2, A3}), _no_sinks, src="code (op_api V2: 361001)"),
     TargetRule("SG-T11", GRAD, frozenset({A5}), _value_present),
     TargetRule("SG-T12", GRAD, ASCEND_TRAINING, _grad_extents, src="doc"),
+    TargetRule("SG-T13", GRAD, ASCEND_TRAINING, _value_is_key, src="doc (value and key identical)"),
     TargetRule("SG-W2", GRAD, ASCEND_TRAINING, _selection_memory, src="doc", warning=True),
     TargetRule("PA-S6", FORWARD, frozenset({A5}), _paged_on_950),
 )

@@ -265,11 +265,14 @@ def test_contract_warnings_go_to_the_warning_channel():
     assert "[RP-W1]" in ge.GEGetWarningMsgV2() and ge.GEGetWarningMsgV2() == ""
 
 
+@pytest.mark.filterwarnings(r"ignore:\[MG-W2\]:geir.GeirWarning")   # CANN's MoE grad example: bf16 tokens, f32 probs
 @pytest.mark.parametrize("runtime", geir.runtimes.runtime_names())
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_the_ported_examples_match_the_float64_references(name, runtime):
     run = EXAMPLES[name](runtime=runtime, seed=3)
     assert run.status == ge.SUCCESS, run.messages
+    if name == "moe_token_unpermute_grad":      # the pair that is NaN on the device: reported with the workaround
+        assert any("[MG-W2]" in m and "cast probs to bfloat16" in m for m in run.messages), run.messages
     golden = geir.testing.reference(run.graph.to_geir(), run.inputs)          # CANN's standard against the golden
     for got, (output, want) in zip(run.outputs, golden.items()):
         geir.testing.assert_close(got, want, standard="precision_standard", compute_count=256, name=output)

@@ -10,12 +10,12 @@ import pytest
 
 import geir
 from helpers import awkward_values
-from moe.helpers import moe_grad_graph, moe_graph
+from moe.helpers import bf16_tokens_f32_probs_expected, moe_grad_graph, moe_graph
 from native_helpers import native_calls, requires_compiler
 from oracles.moe import unpermute_grad_reference
 from oracles.numerics import assert_matches_reference, assert_within_ulps_of_scale, bits_equal
 
-pytestmark = requires_compiler
+pytestmark = [requires_compiler, bf16_tokens_f32_probs_expected]
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

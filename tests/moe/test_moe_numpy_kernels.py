@@ -10,7 +10,9 @@ from geir import ExecutionError
 from geir.runtimes.numpy import moe as kernels
 from geir.runtimes.numpy.moe import moe_token_unpermute, moe_token_unpermute_grad
 from geir.schemas.moe.examples import E2_DY, E2_FORWARD, E2_INDICES, E2_PG, E2_PROBS, E2_PTG, E2_ROWS
-from moe.helpers import MOE, moe_grad_graph, moe_graph
+from moe.helpers import MOE, bf16_tokens_f32_probs_expected, moe_grad_graph, moe_graph
+
+pytestmark = bf16_tokens_f32_probs_expected      # every legal dtype pair, bfloat16/float32 included
 from oracles.moe import unpermute_grad_reference, unpermute_reference
 from oracles.numerics import assert_matches_reference, bits_equal
 

@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geir
-from moe.helpers import moe_grad_graph, moe_graph
+from moe.helpers import bf16_tokens_f32_probs_expected, moe_grad_graph, moe_graph
+
+pytestmark = bf16_tokens_f32_probs_expected      # every legal dtype pair, bfloat16/float32 included
 from oracles.moe import unpermute_grad_reference, unpermute_reference
 from oracles.numerics import assert_matches_reference
 

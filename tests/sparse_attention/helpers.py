@@ -14,16 +14,21 @@ from geir.schemas.sparse_attention.selection import query_rows
 SFA, SFA_GRAD = "SparseFlashAttention", "SparseFlashAttentionGrad"
 
 
-def sfa_graph(feeds: dict, op: str = SFA, name: str = "node", **attrs):
+def sfa_graph(feeds: dict, op: str = SFA, name: str = "node", value_is_key: bool = False, **attrs):
     """One sparse attention node over the non-None arrays of ``feeds`` (keyed by GE IR input name).
 
     Returns ``(graph, feeds)`` with the graph inputs named like the op inputs and outputs named
-    like the op outputs (absent optional outputs are not graph outputs).
+    like the op outputs (absent optional outputs are not graph outputs). ``value_is_key``: the key
+    input feeds value too (the grad docs' "value和key完全一致", SG-T13); ``feeds``' value is dropped.
     """
     from geir.schemas import get_schema
     schema = get_schema(op)
     b = geir.GraphBuilder(op.lower())
+    if value_is_key:
+        feeds = dict(feeds, value=None)
     values = {k: b.input(k, np.asarray(v).dtype, np.shape(v)) for k, v in feeds.items() if v is not None}
+    if value_is_key:
+        values["value"] = values["key"]
     results = getattr(b, op)(**values, name=name, **attrs)
     for spec, value in zip(schema.outputs, results):
         if value is not None:

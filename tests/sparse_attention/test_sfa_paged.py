@@ -141,11 +141,15 @@ def test_page_size_rule(page, fact):
 
 
 def test_pa_s6_on_ascend950():
+    """Changed by issue 27 (item 3): sinks with a paged cache are allowed on ascend950 since 2026-08
+    (ops-transformer attention/sparse_flash_attention/op_host/sparse_flash_attention_tiling.cpp @16de349b:
+    CheckSinks checks dtype and shape (N1,) only); PA-S6 keeps sparse_block_size == 1."""
     case, paged = _paged_base()
     paged["sinks"] = np.zeros(4, np.float32)
-    report = geir.check(_graph(paged, **_attrs(case, layout_kv="PA_BSND")), "ascend950")
-    assert "PA-S6" in report.rules() and "no sinks with a paged cache on ascend950" in str(report)
+    assert "PA-S6" not in geir.check(_graph(paged, **_attrs(case, layout_kv="PA_BSND")), "ascend950").rules()
     assert "PA-S6" not in geir.check(_graph(paged, **_attrs(case, layout_kv="PA_BSND")), "ascend910b").rules()
+    report = geir.check(_graph(paged, **_attrs(case, layout_kv="PA_BSND", sparse_block_size=2)), "ascend950")
+    assert "PA-S6" in report.rules() and "expected 1 (with a paged cache on ascend950), got 2" in str(report)
 
 
 @pytest.mark.parametrize("breaking, fact", [

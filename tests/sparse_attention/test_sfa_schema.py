@@ -252,17 +252,20 @@ def test_grad_target_rules():
         assert geir.check(g, target).ok, geir.check(g, target)
     merged = sfa_graph(dict(feeds, value=None), SFA_GRAD, scale_value=0.044, layout="TND", sparse_mode=0)[0]
     assert geir.check(merged, "ascend950").rules() == {"SG-T11"} and geir.check(merged, "ascend910b").ok
+    # value_is_key: SG-T13 (issue 27) reports a value that is not key's tensor; these cases isolate other rules
     rope32 = grad_feeds("TND", T1=16, T2=2048, N1=16, D=512, D2=512, K=2048, Dr=32)
-    assert geir.check(sfa_graph(rope32, SFA_GRAD, scale_value=0.1, layout="TND")[0], "ascend950").rules() == {"SG-T6"}
+    assert geir.check(sfa_graph(rope32, SFA_GRAD, scale_value=0.1, layout="TND", value_is_key=True)[0],
+                      "ascend950").rules() == {"SG-T6"}
     k1000 = grad_feeds("TND", T1=16, T2=2048, N1=16, D=512, D2=512, K=1000, Dr=64)
-    assert geir.check(sfa_graph(k1000, SFA_GRAD, scale_value=0.1, layout="TND")[0], "ascend950").rules() == {"SG-T8"}
+    assert geir.check(sfa_graph(k1000, SFA_GRAD, scale_value=0.1, layout="TND", value_is_key=True)[0],
+                      "ascend950").rules() == {"SG-T8"}
     big_b = grad_feeds("BSND", B=257, S1=1, S2=8, N1=16, D=512, D2=512, K=1024, Dr=64)
-    report = geir.check(sfa_graph(big_b, SFA_GRAD, scale_value=0.1)[0], "ascend910b")
+    report = geir.check(sfa_graph(big_b, SFA_GRAD, scale_value=0.1, value_is_key=True)[0], "ascend910b")
     assert report.rules() == {"SG-T12"} and "expected B <= 256, got 257" in str(report)
     wide = grad_feeds("TND", T1=2, T2=2048, N1=16, D=512, D2=512, K=8192, Dr=64)
     with pytest.warns(GeirWarning, match=r"\[SG-W2\] .* on ascend950: .*expected K \* sparse_block_size <= 100000, "
                                          r"got 8192 \* 16 = 131072"):
-        report = geir.check(sfa_graph(wide, SFA_GRAD, scale_value=0.1, layout="TND", sparse_block_size=16)[0],
-                            "ascend950")
+        report = geir.check(sfa_graph(wide, SFA_GRAD, scale_value=0.1, layout="TND", sparse_block_size=16,
+                                      value_is_key=True)[0], "ascend950")
     assert "SG-W2" not in report.rules() and [w.rule for w in report.warnings] == ["SG-W2"]
     assert "warning (doc): [SG-W2]" in str(report)

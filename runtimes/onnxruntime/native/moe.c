@@ -375,8 +375,8 @@ static OrtStatus* moe_grad_compute(void* kernel, OrtKernelContext* ctx) {
 }
 
 
-/* The kernels keep no state: padded_mode is honoured by refusal (the rules reject True before any session exists,
- * so only False reaches a kernel) and restore_shape is ignored by the contract (spec 3, MU-S3).
+/* The kernels keep no state: padded_mode and restore_shape are ignored, as by the contract (MU-W1/MG-W1: CANN's
+ * A2/A3 tilings ignore padded_mode, issue 27) and by the NumPy kernels.
  *
  * Forward (permuted_tokens, sorted_indices, probs) -> unpermuted_tokens; grad (permuted_tokens,
  * unpermuted_tokens_grad, sorted_indices, probs) -> (permuted_tokens_grad, probs_grad). Within one token dtype the
