@@ -5,8 +5,11 @@ As in GE, these calls answer with a status (``SUCCESS``/``FAILED``) and keep the
 ``GEGetErrorMsgV2()``; the session option ``geir.raise_errors = "1"`` raises the geir error instead.
 Session options choose geir's behaviour: ``geir.runtime`` (``numpy`` or ``onnxruntime``) and
 ``geir.target`` (a device of ``geir.check``: AddGraph refuses a graph that device would refuse,
-naming the rule). GE's own option keys are accepted and kept; a ``geir.*`` key geir does not
-know is refused, as is any key or value that is not a string (GE takes a string map).
+naming the rule). GE's documented option keys are read by ``_options.read_ge_options`` (issue 27, item 3):
+``ge.exec.deterministic`` and ``ge.exec.precision_mode(_v2)`` are honoured or refused, the rest accepted and
+reported on ``GEGetWarningMsgV2``; any other key (not ``geir.*``, not GE's) is refused, as is a ``geir.*`` key geir
+does not know and any key or value that is not a string (GE takes a string map). GEInitialize and AddGraph answer
+FAILED (``geir.raise_errors = "1"`` raises); the Session constructor, which has no status, raises.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ...ir._files import replacing
 from ...ir._types import TensorType
 from ...ir._onnx_export import to_onnx
 from ._graph import Graph, desc_of
+from ._options import read_ge_options
 from ._tensor import FAILED, SUCCESS, UNKNOWN_DIM, Tensor, ge_data_type
 
 __all__ = ["GEFinalize", "GEGetErrorMsgV2", "GEGetWarningMsgV2", "GEInitialize", "Session", "aclgrphDumpGraph"]
@@ -67,15 +71,12 @@ def GEInitialize(options: Mapping[str, str] | None = None) -> int:
     """Start geir's GE facade; validates and keeps the global options."""
     try:
         kept = _string_map(options, "GEInitialize")
-        device = kept.get("ge.exec.deviceId", "0")
-        if not device.isdigit():
-            raise GraphError(f"GEInitialize: option 'ge.exec.deviceId': expected a device number >= 0, got {device!r}")
-        mode = kept.get("ge.graphRunMode", "0")
-        if mode not in ("0", "1"):
-            raise GraphError(f"GEInitialize: option 'ge.graphRunMode': expected '0' (online inference) or '1' "
-                             f"(training), got {mode!r}")
+        reports = read_ge_options(kept, "GEInitialize")
     except GraphError as exc:
+        if isinstance(options, Mapping) and options.get("geir.raise_errors") == "1":
+            raise
         return _fail(str(exc))
+    _STATE.warnings += reports
     _STATE.initialized, _STATE.options = True, kept
     return SUCCESS
 
@@ -111,6 +112,11 @@ class Session:
         if unknown:
             known = "; ".join(f"{k}: {v}" for k, v in GEIR_OPTIONS.items())
             raise GraphError(f"ge.Session: option {unknown[0]!r}: expected one of geir's ({known})")
+        try:
+            _STATE.warnings += read_ge_options(self.options, "ge.Session")
+        except GraphError as exc:
+            _STATE.errors.append(str(exc))       # kept for GEGetErrorMsgV2 too: a constructor has no status
+            raise
         runtime = self.options.get("geir.runtime", "numpy")
         if runtime not in runtime_names():
             raise GraphError(f"ge.Session: option 'geir.runtime': expected one of {', '.join(runtime_names())}, "
@@ -139,7 +145,7 @@ class Session:
     def AddGraph(self, graph_id: int, graph: Graph, options: Mapping[str, str] | None = None) -> int:
         """Build ``graph`` (and check it against the session's target); FAILED with the message otherwise."""
         def add() -> None:
-            _string_map(options, "Session.AddGraph")
+            _STATE.warnings.extend(read_ge_options(_string_map(options, "Session.AddGraph"), "Session.AddGraph"))
             self._ensure_open("AddGraph", GraphError)
             if not isinstance(graph, Graph):
                 raise GraphError(f"Session.AddGraph: expected a ge.Graph, got {type(graph).__name__}")
