@@ -29,17 +29,17 @@ _OneOutput = Literal[
     "HardSigmoid", "HardSwish", "Hardmax", "Identity", "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad",
     "InstanceNormalization", "IsInf", "IsNaN", "LRN", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax",
     "LpNormalization", "LpPool", "MatMul", "MatMulInteger", "Max", "MaxRoiPool", "MaxUnpool", "Mean",
-    "MeanVarianceNormalization", "MelWeightMatrix", "Min", "Mish", "Mod", "MoeTokenUnpermute", "Mul", "Multinomial",
-    "Neg", "NegativeLogLikelihoodLoss", "NonMaxSuppression", "NonZero", "Not", "OneHot", "Optional",
-    "OptionalGetElement", "OptionalHasElement", "Or", "PRelu", "Pad", "Pow", "QLinearConv", "QLinearMatMul",
-    "QuantizeLinear", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Range",
-    "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
-    "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "ReverseSequence", "RoiAlign",
-    "Round", "STFT", "Scatter", "ScatterElements", "ScatterND", "Selu", "SequenceAt", "SequenceConstruct",
-    "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "Shape", "Shrink", "Sigmoid", "Sign",
-    "Sin", "Sinh", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth", "SplitToSequence", "Sqrt",
-    "Squeeze", "StringNormalizer", "Sub", "Sum", "Tan", "Tanh", "TfIdfVectorizer", "ThresholdedRelu", "Tile",
-    "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor"
+    "MeanVarianceNormalization", "MelWeightMatrix", "Min", "Mish", "Mod", "MoeTokenPermuteGrad", "MoeTokenUnpermute",
+    "Mul", "Multinomial", "Neg", "NegativeLogLikelihoodLoss", "NonMaxSuppression", "NonZero", "Not", "OneHot",
+    "Optional", "OptionalGetElement", "OptionalHasElement", "Or", "PRelu", "Pad", "Pow", "QLinearConv",
+    "QLinearMatMul", "QuantizeLinear", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+    "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+    "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "ReverseSequence",
+    "RoiAlign", "Round", "STFT", "Scatter", "ScatterElements", "ScatterND", "Selu", "SequenceAt",
+    "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "Shape", "Shrink",
+    "Sigmoid", "Sign", "Sin", "Sinh", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth",
+    "SplitToSequence", "Sqrt", "Squeeze", "StringNormalizer", "Sub", "Sum", "Tan", "Tanh", "TfIdfVectorizer",
+    "ThresholdedRelu", "Tile", "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor"
 ]
 _OutputsPerNode = Literal[
     "If", "Loop", "Scan", "SequenceMap", "Split"
@@ -54,7 +54,8 @@ _Outputs_VVV = Literal[
     "BatchNormalization", "DynamicQuantizeLinear", "LSTM", "LayerNormalization", "SparseFlashAttention"
 ]
 _Outputs_VV = Literal[
-    "Dropout", "GRU", "MaxPool", "MoeTokenUnpermuteGrad", "RNN", "SoftmaxCrossEntropyLoss", "TopK"
+    "Dropout", "GRU", "MaxPool", "MoeTokenPermute", "MoeTokenUnpermuteGrad", "RNN", "SoftmaxCrossEntropyLoss",
+    "TopK"
 ]
 
 
@@ -93,6 +94,10 @@ class GraphEditor:
         """Rotary position embedding applied in place to x[..., start:end]."""
     def InplacePartialRotaryMulGrad(self, dy: Value, cos: Value, sin: Value, *, rotary_mode: int = 0, partial_slice: list[int] | tuple[int, ...] = (0, 0), name: str | None = None) -> Value:
         """Gradient of InplacePartialRotaryMul, applied in place to dy[..., start:end]."""
+    def MoeTokenPermute(self, tokens: Value, indices: Value, *, num_out_tokens: int = 0, padded_mode: bool = False, name: str | None = None) -> tuple[Value, Value]:
+        """Copy each token once per routed expert, the copies sorted by expert id (stable)."""
+    def MoeTokenPermuteGrad(self, permuted_output_grad: Value, sorted_indices: Value, *, num_topk: int, padded_mode: bool = False, name: str | None = None) -> Value:
+        """Gradient of MoeTokenPermute w.r.t. tokens: each token sums its topK gradient rows (float32, k order)."""
     def MoeTokenUnpermute(self, permuted_tokens: Value, sorted_indices: Value, probs: Value | None = None, *, padded_mode: bool = False, restore_shape: list[int] | tuple[int, ...] = (), name: str | None = None) -> Value:
         """Gather each token's topK expert rows and sum them weighted by probs."""
     def MoeTokenUnpermuteGrad(self, permuted_tokens: Value | None = None, unpermuted_tokens_grad: Value | None = None, sorted_indices: Value | None = None, probs: Value | None = None, *, padded_mode: bool = False, restore_shape: list[int] | tuple[int, ...] = (1, 1), name: str | None = None) -> tuple[Value, Value]:

@@ -38,8 +38,9 @@ def register_onnx_schemas() -> None:
                                                  else option.Single) for i, s in enumerate(schema.outputs)]
         constraints = [(f"T{i}", [_onnx_type(d) for d in s.dtypes], f"dtypes of {s.name}")
                        for i, s in enumerate(schema.inputs)]
-        floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-        constraints += [(f"O{i}", floats, f"dtype of {s.name}") for i, s in enumerate(schema.outputs)]
+        floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]   # an output's dtype: a float or an input's
+        produced = floats + sorted({_onnx_type(d) for s in schema.inputs for d in s.dtypes} - set(floats))
+        constraints += [(f"O{i}", produced, f"dtype of {s.name}") for i, s in enumerate(schema.outputs)]
         attributes = [defs.OpSchema.Attribute(a.name, _ATTR_TYPES[a.kind.value], a.doc, required=a.required)
                       for a in schema.attributes]
         onnx_schema = defs.OpSchema(schema.op_type, schema.domain, schema.version, schema.doc, inputs=inputs,
