@@ -35,6 +35,8 @@ from ._tensor import (ACL_BF16, ACL_BOOL, ACL_DOUBLE, ACL_FLOAT, ACL_FLOAT16, AC
                       aclGetViewOffset, aclGetViewShape, aclGetViewStrides, aclIntArray, aclTensor)
 from .moe import (aclnnMoeTokenUnpermute, aclnnMoeTokenUnpermuteGetWorkspaceSize, aclnnMoeTokenUnpermuteGrad,
                   aclnnMoeTokenUnpermuteGradGetWorkspaceSize)
+from .moe_permute import (aclnnMoeTokenPermute, aclnnMoeTokenPermuteGetWorkspaceSize, aclnnMoeTokenPermuteGrad,
+                          aclnnMoeTokenPermuteGradGetWorkspaceSize)
 from .rotary import (aclnnInplacePartialRotaryMul, aclnnInplacePartialRotaryMulGetWorkspaceSize,
                      aclnnInplacePartialRotaryMulGrad, aclnnInplacePartialRotaryMulGradGetWorkspaceSize)
 from .sparse_attention import (aclnnSparseFlashAttention, aclnnSparseFlashAttentionGetWorkspaceSize,
@@ -50,7 +52,8 @@ __all__ = [
     "aclFinalize", "aclGetDataType", "aclGetFormat", "aclGetRecentErrMsg", "aclGetViewOffset", "aclGetViewShape",
     "aclGetViewStrides", "aclInit", "aclIntArray", "aclOpExecutor", "aclSetAclOpExecutorRepeatable", "aclTensor",
     "aclnnInplacePartialRotaryMul", "aclnnInplacePartialRotaryMulGetWorkspaceSize", "aclnnInplacePartialRotaryMulGrad",
-    "aclnnInplacePartialRotaryMulGradGetWorkspaceSize", "aclnnMoeTokenUnpermute",
+    "aclnnInplacePartialRotaryMulGradGetWorkspaceSize", "aclnnMoeTokenPermute", "aclnnMoeTokenPermuteGetWorkspaceSize",
+    "aclnnMoeTokenPermuteGrad", "aclnnMoeTokenPermuteGradGetWorkspaceSize", "aclnnMoeTokenUnpermute",
     "aclnnMoeTokenUnpermuteGetWorkspaceSize", "aclnnMoeTokenUnpermuteGrad", "aclnnMoeTokenUnpermuteGradGetWorkspaceSize",
     "aclnnSparseFlashAttention", "aclnnSparseFlashAttentionGetWorkspaceSize", "aclnnSparseFlashAttentionGrad",
     "aclnnSparseFlashAttentionGradGetWorkspaceSize", "aclnnSparseFlashAttentionV2",

@@ -42,7 +42,7 @@ _NAME_OF_ACL = {value: name for name, value in globals().items() if name.startsw
 _FORMAT_NAMES = {ACL_FORMAT_NCHW: "ACL_FORMAT_NCHW", ACL_FORMAT_NHWC: "ACL_FORMAT_NHWC", ACL_FORMAT_ND: "ACL_FORMAT_ND",
                  ACL_FORMAT_NC1HWC0: "ACL_FORMAT_NC1HWC0", ACL_FORMAT_FRACTAL_NZ: "ACL_FORMAT_FRACTAL_NZ"}
 _GEIR_OF_ACL = {ACL_FLOAT: DType.FLOAT32, ACL_FLOAT16: DType.FLOAT16, ACL_BF16: DType.BFLOAT16,
-                ACL_INT32: DType.INT32, ACL_INT64: DType.INT64, ACL_BOOL: DType.BOOL}
+                ACL_INT32: DType.INT32, ACL_INT64: DType.INT64, ACL_BOOL: DType.BOOL, ACL_INT8: DType.INT8}
 
 
 def data_type_name(data_type: int) -> str:

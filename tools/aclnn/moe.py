@@ -14,18 +14,20 @@ On ascend950 CANN routes these APIs to MoeFinalizeRoutingV2(Grad): the graph pat
 from __future__ import annotations
 
 from ...ir._core import Graph
+from ...ir._dtypes import DType
 from ._context import DeviceBuffer, aclrtStream
 from ._executor import StatusRules, TensorArg, aclOpExecutor, execute, int_array, prepare
 from ...schemas.targets import A5
 from ._context import CONTEXT
 from ._status import ACLNN_ERR_INNER_TILING_ERROR, ACLNN_ERR_PARAM_INVALID, AclnnFailure, record_error
-from ._tensor import aclIntArray, aclTensor
+from ._tensor import aclIntArray, aclTensor, data_type_name
 
 __all__ = ["aclnnMoeTokenUnpermute", "aclnnMoeTokenUnpermuteGetWorkspaceSize", "aclnnMoeTokenUnpermuteGrad",
            "aclnnMoeTokenUnpermuteGradGetWorkspaceSize"]
 
 _RULES = StatusRules(semantic=ACLNN_ERR_INNER_TILING_ERROR, skipped=frozenset({"MU-T1", "MG-T1"}))
 _POINTER, _FLOAT = 8, 4
+_FLOATS = (DType.FLOAT16, DType.FLOAT32, DType.BFLOAT16)
 
 
 def _hidden(graph: Graph) -> int:
@@ -96,6 +98,10 @@ def aclnnMoeTokenUnpermuteGradGetWorkspaceSize(permutedTokens: aclTensor | None,
               TensorArg("unpermutedTokensGrad", "unpermuted_tokens_grad", unpermutedTokensGrad, strided=True),
               TensorArg("sortedIndices", "sorted_indices", sortedIndices, strided=True),
               TensorArg("probsOptional", "probs", probsOptional, required=False, strided=True)]
+    if probsOptional is None and isinstance(probsGradOut, aclTensor) and probsGradOut.dtype not in _FLOATS:
+        return record_error(api + "GetWorkspaceSize", AclnnFailure(ACLNN_ERR_PARAM_INVALID, "probsGradOut: data "
+                            f"type: expected float16, float32 or bfloat16, got {data_type_name(probsGradOut.data_type)}"
+                            )), 0, None
     outputs = [TensorArg("permutedTokensGradOut", "permuted_tokens_grad", permutedTokensGradOut),
                TensorArg("probsGradOut", "probs_grad", probsGradOut, written=probsOptional is not None)]
     return prepare(api, "MoeTokenUnpermuteGrad", inputs, attributes, outputs, _RULES, workspace=_grad_workspace)
