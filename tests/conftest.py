@@ -16,9 +16,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "geir"))
 
 
 def pytest_configure(config) -> None:
-    """Without a C compiler the native library cannot exist: its one fallback warning is expected then."""
+    """Without a C compiler the native library cannot exist: its one fallback warning is expected then. MG-W2 (issue
+    27, item 3: bfloat16 tokens with float32 probs are NaN on the device) is expected wherever a test sweeps the nine
+    legal MoE dtype pairs; tests/moe/test_moe_upstream_rules.py tests it with pytest.warns, which still sees it."""
     from geir.runtimes.onnxruntime._native import find_compiler
 
+    config.addinivalue_line("filterwarnings", r"ignore:\[MG-W2\]:geir.GeirWarning")
     if find_compiler() is None:
         config.addinivalue_line("filterwarnings",
                                 "ignore:geir. native ONNX Runtime kernels unavailable:geir.GeirWarning")
