@@ -17,6 +17,7 @@ from .schemas.moe import indices as moe_indices
 from .tools.builder import GraphBuilder
 from .passes import CheckReport, Violation          # what check() returns, for annotations
 from .passes.fusion import FusionReport             # what fuse() returns beside the graph
+from .passes.target_forms import GradReport         # what grad(..., report=True) returns beside it
 from .tools.facade import check, fuse, grad, run
 from .tools.onnx_import import from_onnx, load_onnx
 from .tools import aclnn, ge
@@ -47,6 +48,7 @@ __all__ = [
     "ExecutionError",
     "FusionReport",
     "GeirWarning",
+    "GradReport",
     "Graph",
     "GraphBuilder",
     "GraphError",

@@ -14,6 +14,9 @@ every node is checked as it is added, and built at the end. A rule receives the
 ``VjpContext`` (which emits nodes into the new graph), the forward node and the cotangent of each output
 (None where none flows), and returns one cotangent (or None) per input, each of that input's type. An op
 without a rule is a GraphError naming it.
+
+With a ``target``, each op of ours that the rules emitted and the target refuses is re-emitted in a form the target
+has (``target_forms``), and the ``GradReport`` says which.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from ..ir._editor import GraphEditor
 from ..ir._errors import GraphError
 from ..ir._onnx_body import OPSET
 from ..ir._types import TensorType
+from ..schemas.targets import validate_target
 from ..schemas.vjp import vjp_ops, vjp_rewrite, vjp_rule
 from ._infra import Pass, PassResult
 from .expand_functions import defines_by_body, expand_functions
 from .build import build
 from .dead_code import EliminateDeadCode, drop_unused_constants
+from .target_forms import GradReport, for_target
 
-__all__ = ["ACCOUNTED", "Differentiate", "VjpContext", "differentiate"]
+__all__ = ["ACCOUNTED", "Differentiate", "VjpContext", "differentiate", "differentiate_for"]
 
 ACCOUNTED = object()
 """What a rule returns for an input whose cotangent it has already added to another input's (attention's KV
@@ -212,21 +217,26 @@ def _cotangent_names(graph: Graph, sources: list[Value], targets: list[Value]) -
 
 
 class Differentiate(Pass):
-    """The pass form of ``differentiate``: its result is the derivative graph (a new graph, built)."""
+    """The pass form of ``differentiate``: its result is the derivative graph (a new graph, built); ``report`` the
+    forms of the ops of ours it emitted."""
 
     requires = frozenset({"verified", "typed"})
     ensures = frozenset({"verified", "typed"})
 
-    def __init__(self, wrt: Sequence[str] | str | None = None, outputs: Sequence[str] | str | None = None) -> None:
+    def __init__(self, wrt: Sequence[str] | str | None = None, outputs: Sequence[str] | str | None = None,
+                 target: str | None = None) -> None:
         self.wrt = wrt
         self.outputs = outputs
+        self.target = target
+        self.report: GradReport | None = None
 
     def call(self, graph: Graph) -> PassResult:
-        return PassResult(differentiate(graph, self.wrt, self.outputs), True)
+        derivative, self.report = differentiate_for(graph, self.wrt, self.outputs, self.target)
+        return PassResult(derivative, True)
 
 
 def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
-                  outputs: Sequence[str] | str | None = None) -> Graph:
+                  outputs: Sequence[str] | str | None = None, target: str | None = None) -> Graph:
     """The reverse-mode derivative of ``graph`` (a new graph named ``<name>_grad``): forward outputs, then
     ``grad_<input>`` for each input of ``wrt``.
 
@@ -235,11 +245,30 @@ def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
         wrt: names of the floating inputs to differentiate with respect to (default: every floating input).
         outputs: names of the floating outputs that receive a cotangent input ``grad_<output>`` (default: every
             floating output; ``grad_<output>_cotangent`` where ``grad_<output>`` is a name taken already).
+        target: a device (``schemas.targets.TARGETS``): the ops of ours the rules emit and it refuses are emitted
+            in a form it has (``target_forms``); None: as the rules emit them.
 
     Raises:
         GraphError: the graph is not built, a name is unknown or not floating, an op on the way from ``wrt`` to
-            ``outputs`` has no VJP rule (the message names it), or a rule cannot handle the node.
+            ``outputs`` has no VJP rule (the message names it), a rule cannot handle the node, or the target is
+            unknown (the message lists the known ones).
     """
+    return differentiate_for(graph, wrt, outputs, target)[0]
+
+
+def differentiate_for(graph: Graph, wrt: Sequence[str] | str | None = None,
+                      outputs: Sequence[str] | str | None = None,
+                      target: str | None = None) -> tuple[Graph, GradReport]:
+    """``differentiate``, and the report of the forms the ops of ours it emitted have (``target_forms``)."""
+    if target is not None:
+        validate_target(target)
+    derivative, forward = _derivative(graph, wrt, outputs)
+    return for_target(derivative, target, lambda node: node.name not in forward)
+
+
+def _derivative(graph: Graph, wrt: Sequence[str] | str | None,
+                outputs: Sequence[str] | str | None) -> tuple[Graph, frozenset[str]]:
+    """The derivative, and the names of its nodes that are the forward's (copied, or re-emitted by a rewrite)."""
     if not {"verified", "typed"} <= graph.properties:
         raise GraphError(f"geir.grad: graph '{graph.name}' is not built; call GraphBuilder.build() first")
     sources = _select(graph, wrt, graph.inputs, "input")
@@ -314,4 +343,4 @@ def differentiate(graph: Graph, wrt: Sequence[str] | str | None = None,
         exported.append(g)
     derivative = EliminateDeadCode()(build(b))[0]   # what the outputs differentiated do not need
     drop_unused_constants(derivative, "vjp_")
-    return derivative
+    return derivative, frozenset(n.name for n in graph.nodes)

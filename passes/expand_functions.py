@@ -1,5 +1,7 @@
 """Standard ops without a VJP rule written out as ONNX's own function body, so that ``geir.grad`` can
 differentiate them: Attention (opset 23), and any other op ONNX defines by a function (Swish, Celu, Shrink, ...).
+Our ops are written out the same way, as the body export gives them (``our_function_body``), where a device has no
+kernel for them (``passes.target_forms``).
 
 ONNX states such an op's meaning by a body of simpler ops (a context-dependent body is built from the node's
 attributes and input types, as ``onnx.defs`` does for Attention). Written out, the body computes what the op
@@ -18,14 +20,18 @@ from onnx import AttributeProto, defs, helper, shape_inference
 from ..ir._core import Graph, Node, Value
 from ..ir._editor import GraphEditor
 from ..ir._errors import GraphError
-from ..ir._onnx_export import runtime_model
-from ..ir._onnx_types import tensor_type_from_onnx, type_proto
+from ..ir._lowering import LOWERINGS
+from ..ir._onnx_export import lowering_spec, runtime_model
+from ..ir._onnx_types import attribute_to_onnx, tensor_type_from_onnx, type_proto
 from ..ir._types import TensorType
-from ..ir._onnx_body import OPSET
+from ..ir._onnx_body import OPSET, Body
 from ..ir._standard import standard_schema
 from .build import build
 
-__all__ = ["defines_by_body", "expand_functions", "function_body"]
+__all__ = ["defines_by_body", "expand_functions", "function_body", "our_function_body"]
+
+BodyOf = Callable[[Node], "onnx.FunctionProto | None"]
+"""Where a node's body comes from when it is not ONNX's (``our_function_body``)."""
 
 MAX_DEPTH = 4
 """How deep bodies are expanded within bodies (an op of a body that has no rule but a body of its own)."""
@@ -67,9 +73,29 @@ def function_body(op_type: str, version: int, domain: str, attributes: dict[str,
                              schema.function_body.SerializeToString())
     else:
         return None
-    given = {a.name: a for a in proto.attribute}
     defaults = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}
-    for node in body.node:                  # attribute references: the node's value, else the op's default
+    return _resolved(body, {a.name: a for a in proto.attribute}, defaults)
+
+
+def our_function_body(node: Node) -> onnx.FunctionProto:
+    """The standard-op body that export writes for our op ``node`` (its family's lowering, specialised as export
+    specialises it), with the node's attributes in place of the references."""
+    spec = lowering_spec(node, node.schema)
+    writer = Body()
+    LOWERINGS[(node.domain, node.op_type)][0](writer, spec)
+    body = onnx.FunctionProto(domain=node.domain, name=node.op_type, input=spec.inputs, output=spec.outputs,
+                              opset_import=[helper.make_opsetid("", OPSET)])
+    body.node.extend(writer.nodes)
+    given = {a.name: attribute_to_onnx(a.name, a.kind.value, node.attributes[a.name])
+             for a in node.schema.attributes if a.name in node.attributes}
+    return _resolved(body, given, {})
+
+
+def _resolved(body: onnx.FunctionProto, given: dict[str, AttributeProto],
+              defaults: dict[str, AttributeProto]) -> onnx.FunctionProto:
+    """``body`` with each attribute reference replaced by the node's value, else the op's default (dropped when
+    neither: the inner op's default)."""
+    for node in body.node:
         kept = []
         for a in node.attribute:
             if a.ref_attr_name:
@@ -89,10 +115,12 @@ def function_body(op_type: str, version: int, domain: str, attributes: dict[str,
 
 def _emit(b: GraphEditor, op_type: str, domain: str, version: int, attributes: dict[str, Any],
           inputs: list[Value | None], wanted: list[bool], name: str, needs_body: Callable[[str, str], bool],
-          depth: int, declared: dict[str, TensorType]) -> tuple[Value | None, ...] | None:
-    """The op's outputs (those ``wanted``) computed by its ONNX function body, added to ``b``; None when ONNX
-    defines it by no body."""
-    body = function_body(op_type, version, domain, attributes, [v.type if v is not None else None for v in inputs])
+          depth: int, declared: dict[str, TensorType], body: onnx.FunctionProto | None = None
+          ) -> tuple[Value | None, ...] | None:
+    """The op's outputs (those ``wanted``) computed by its function body (``body``, else ONNX's), added to ``b``;
+    None when it has none."""
+    if body is None:
+        body = function_body(op_type, version, domain, attributes, [v.type if v is not None else None for v in inputs])
     if body is None:
         return None
     opset = {o.domain: o.version for o in body.opset_import}.get("", version)
@@ -125,15 +153,16 @@ def _missing(op_type: str, name: str, value: str) -> Value:
                      f"computed", node=name)
 
 
-def expand_functions(graph: Graph, nodes: set[int], needs_body: Callable[[str, str], bool]) -> Graph:
-    """A copy of ``graph`` (built) in which each node whose id is in ``nodes`` is written out as its ONNX function
-    body, bodies within bodies too where ``needs_body(op_type, domain)``; every value keeps its name (an Identity
-    gives a body's result the node's output name, and its type).
+def expand_functions(graph: Graph, nodes: set[int], needs_body: Callable[[str, str], bool],
+                     body_of: BodyOf | None = None) -> Graph:
+    """A copy of ``graph`` (built) in which each node whose id is in ``nodes`` is written out as its function body
+    (``body_of(node)``, by default ONNX's), bodies within bodies too where ``needs_body(op_type, domain)``; every
+    value keeps its name (an Identity gives a body's result the node's output name, and its type).
 
     A body computes its shapes (Reshape to ``Concat(Shape(q)[:2], ...)``), which node-by-node inference does not
     follow: the sizes come from ONNX's shape inference with data propagation over the written-out graph, and the
     copy is made again with them declared (checked on the fed shapes when the graph runs)."""
-    first = _expanded(graph, nodes, needs_body, {})
+    first = _expanded(graph, nodes, needs_body, {}, body_of)
     if all(v.type.is_static for v in first.values()):
         return first
     try:
@@ -144,18 +173,19 @@ def expand_functions(graph: Graph, nodes: set[int], needs_body: Callable[[str, s
     for info in inferred.value_info:
         if info.type.WhichOneof("value") == "tensor_type" and info.type.tensor_type.HasField("shape"):
             declared[info.name] = tensor_type_from_onnx(info.type, f"value '{info.name}'")
-    return _expanded(graph, nodes, needs_body, declared)
+    return _expanded(graph, nodes, needs_body, declared, body_of)
 
 
 def _expanded(graph: Graph, nodes: set[int], needs_body: Callable[[str, str], bool],
-              declared: dict[str, TensorType]) -> Graph:
+              declared: dict[str, TensorType], body_of: BodyOf | None) -> Graph:
     b = GraphEditor(graph.name)
 
     def rewrite(node: Node, inputs: list[Value | None]) -> tuple[Value | None, ...] | None:
         if id(node) not in nodes:
             return None
         made = _emit(b, node.op_type, node.domain, node.version or OPSET, dict(node.attributes), inputs,
-                     [v is not None for v in node.outputs], node.name, needs_body, 0, declared)
+                     [v is not None for v in node.outputs], node.name, needs_body, 0, declared,
+                     body_of(node) if body_of is not None else None)
         if made is None:
             return None
         return tuple(None if old is None or new is None else

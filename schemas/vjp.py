@@ -5,6 +5,10 @@ emits nodes into the derivative graph), the forward node and the cotangent of ea
 flows), and returns one cotangent (or None) per input, each of that input's type. ``rewrite``, when given,
 re-emits the forward node itself in the derivative graph (attention returns its softmax statistics there).
 The op families register theirs (``schemas/<family>/vjp.py``); standard ONNX ops in ``standard_vjp``.
+
+A substitute ``substitute(ctx, node, inputs) -> (outputs, detail) | reason`` re-emits a node the VJP emitted whose
+op a target refuses, as ops of ours the target takes and that compute the same bits for every input (``ctx``:
+``passes.target_forms``); it returns why not when it cannot, and the op's standard-op body is used instead.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from typing import Any
 from ..ir._core import CANN_DOMAIN
 from ..ir._registry import Slot
 
-__all__ = ["VJP_REWRITES", "VJP_RULES", "VjpRule", "register_vjp", "vjp_ops", "vjp_rewrite", "vjp_rule"]
+__all__ = ["SUBSTITUTES", "VJP_REWRITES", "VJP_RULES", "Substitute", "VjpRule", "register_substitute", "register_vjp",
+           "substitute", "vjp_ops", "vjp_rewrite", "vjp_rule"]
 
 VjpRule = Callable[[Any, Any, list], Sequence]
 Rewrite = Callable[[Any, Any, list], tuple]
 
 VJP_RULES: Slot[VjpRule] = Slot("VJP rules")
 VJP_REWRITES: Slot[Rewrite] = Slot("VJP rewrites of the forward node")
+Substitute = Callable[[Any, Any, list], "tuple[tuple, str] | str"]
+SUBSTITUTES: Slot[Substitute] = Slot("substitutes of emitted ops a target refuses")
 
 
 def register_vjp(op_type: str, domain: str = CANN_DOMAIN, rewrite: Rewrite | None = None
@@ -46,3 +53,15 @@ def vjp_rewrite(op_type: str, domain: str) -> Rewrite | None:
 def vjp_ops() -> list[str]:
     """Every op with a rule, sorted (for the error that names an op without one)."""
     return sorted(op for _, op in VJP_RULES)
+
+
+def register_substitute(op_type: str, domain: str = CANN_DOMAIN) -> Callable[[Substitute], Substitute]:
+    """Register the substitute of ``op_type`` (see the module docstring)."""
+    def decorate(fn: Substitute) -> Substitute:
+        SUBSTITUTES.register(domain, op_type, fn)
+        return fn
+    return decorate
+
+
+def substitute(op_type: str, domain: str) -> Substitute | None:
+    return SUBSTITUTES.get((domain, op_type))

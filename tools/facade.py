@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Literal, overload
 
 import numpy as np
 from onnx import ModelProto
@@ -12,7 +13,8 @@ from ..ir._core import Graph
 from ..ir._editor import GraphEditor
 from ..ir._errors import GraphError
 from ..passes import CheckReport, CheckTarget, build
-from ..passes.autodiff import Differentiate
+from ..passes.autodiff import differentiate_for
+from ..passes.target_forms import GradReport
 from ..passes.fusion import Fuse, FusionReport
 from ..runtimes import get_runtime
 from . import model_cache
@@ -59,8 +61,18 @@ def check(graph: GraphLike, target: str, strict: bool = False) -> CheckReport:
     return check_pass.report
 
 
-def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None,
-         outputs: Sequence[str] | str | None = None) -> Graph:
+@overload
+def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None, outputs: Sequence[str] | str | None = None, *,
+         target: str | None = None, report: Literal[False] = False) -> Graph: ...
+
+
+@overload
+def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None, outputs: Sequence[str] | str | None = None, *,
+         target: str | None = None, report: Literal[True]) -> tuple[Graph, GradReport]: ...
+
+
+def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None, outputs: Sequence[str] | str | None = None, *,
+         target: str | None = None, report: bool = False) -> Graph | tuple[Graph, GradReport]:
     """Reverse-mode derivative of a built graph (or an ONNX model or file), as a new graph.
 
     Its inputs are the graph's inputs plus ``grad_<output>`` (the cotangent) for each output differentiated
@@ -68,11 +80,19 @@ def grad(graph: GraphLike, wrt: Sequence[str] | str | None = None,
     ``grad_<input>`` for each input of ``wrt`` (default: every floating input). Our ops become their CANN
     gradient ops (SparseFlashAttention is rewritten to return the softmax statistics its grad reads).
 
+    With ``target`` (a device, as for ``check``), an op the derivative adds that the device refuses (e.g.
+    InplacePartialRotaryMulGrad on ascend910b/ascend910_93, RP-T1) is emitted in a form it has instead: ops of
+    ours that compute the same bits where that is proven (the rotary grad as the forward with negated sin, for
+    pair-duplicated tables), else the op's standard-op body. ``check(derivative, target)`` then finds only what it
+    finds in the forward. With ``report=True``, the result is ``(derivative, GradReport)``: the form of each op
+    of ours the derivative added, and why.
+
     Raises:
-        GraphError: an unknown or non-floating name, or an op on the way without a VJP rule (named).
+        GraphError: an unknown or non-floating name, an op on the way without a VJP rule (named), or an unknown
+            target (the message lists the known ones).
     """
-    derivative, _ = Differentiate(wrt, outputs)(as_graph(graph, "geir.grad"))
-    return derivative
+    derivative, forms = differentiate_for(as_graph(graph, "geir.grad"), wrt, outputs, target)
+    return (derivative, forms) if report else derivative
 
 
 def fuse(graph: GraphLike, *, allow_stricter_data: bool = False) -> tuple[Graph, FusionReport]:

@@ -75,6 +75,9 @@ def fuse_and_grad() -> geir.Graph:
     fusion: geir.FusionReport = report
     print(fusion)
     step: geir.Graph = geir.grad(fused, wrt=["x"])
+    on_a2, forms = geir.grad(fused, wrt=["x"], target="ascend910b", report=True)   # forms the device has
+    grad_report: geir.GradReport = forms
+    print(grad_report, geir.check(on_a2, "ascend910b").ok)
     kinds: list[str] = [n.op_type for n in step.nodes]
     print(kinds)
     return step
