@@ -13,26 +13,11 @@ import pytest
 
 from geir import aclnn
 from aclnn.helpers import failure, two_phase
+from oracles.moe_permute import permute_reference
 
 PERMUTE = (aclnn.aclnnMoeTokenPermuteGetWorkspaceSize, aclnn.aclnnMoeTokenPermute)
 GRAD = (aclnn.aclnnMoeTokenPermuteGradGetWorkspaceSize, aclnn.aclnnMoeTokenPermuteGrad)
 F16, F32, BF16, I32, I64, I8, I16 = np.float16, np.float32, ml_dtypes.bfloat16, np.int32, np.int64, np.int8, np.int16
-
-
-def dispatch_reference(tokens, indices, num_out_tokens=0):
-    """The permute, written plainly: slot t*K+k holds expert id indices[t, k]; rows are the slots stably sorted
-    by id; sorted_indices maps slot -> row; rows past num_out_tokens (> 0: the first n; < 0: all but -n) drop."""
-    ids = np.asarray(indices).reshape(len(tokens), -1)
-    topk = ids.shape[1]
-    slots = sorted(range(ids.size), key=lambda j: (int(ids.reshape(-1)[j]), j))
-    rows = len(slots) if num_out_tokens == 0 else (min(num_out_tokens, len(slots)) if num_out_tokens > 0
-                                                     else max(len(slots) + num_out_tokens, 0))
-    permuted = np.stack([tokens[slots[r] // topk] for r in range(rows)]) if rows else \
-        np.zeros((0,) + tokens.shape[1:], tokens.dtype)
-    sorted_indices = np.empty(len(slots), np.int32)
-    for r, slot in enumerate(slots):
-        sorted_indices[slot] = r
-    return permuted, sorted_indices
 
 
 def _tensor(shape, dtype, ids=False):
@@ -125,7 +110,7 @@ def test_the_dispatch_equals_the_reference_through_strided_inputs(runtime, num_o
     rng = np.random.default_rng(num_out + 7)
     tokens = rng.standard_normal((4, 3)).astype(dtype)
     indices = rng.integers(0, 3, (4, 2)).astype(np.int64)
-    want_rows, want_sorted = dispatch_reference(tokens, indices, num_out)
+    want_rows, want_sorted = permute_reference(tokens, indices, num_out)
     storage = np.zeros((8, 3), dtype)
     storage[::2] = tokens
     strided = aclnn.aclCreateTensor(storage, shape=[4, 3], strides=[6, 1])
@@ -138,7 +123,7 @@ def test_the_dispatch_equals_the_reference_through_strided_inputs(runtime, num_o
 def test_the_grad_sums_each_tokens_rows_into_a_strided_out(runtime):
     rng = np.random.default_rng(8)
     indices = rng.integers(0, 4, (3, 2))
-    _, sorted_indices = dispatch_reference(np.zeros((3, 1)), indices)
+    _, sorted_indices = permute_reference(np.zeros((3, 1)), indices)
     grad = rng.standard_normal((6, 4)).astype(np.float32)
     want = grad[sorted_indices].reshape(3, 2, 4).astype(np.float64).sum(1)
     storage = np.full((3, 8), 5.0, np.float32)
@@ -162,7 +147,7 @@ def test_cann_examples(runtime, on_device):
     assert status == 0, aclnn.aclGetRecentErrMsg()
     assert PERMUTE[1](aclnn.aclrtMalloc(size), size, executor, stream) == 0
     assert aclnn.aclrtSynchronizeStream(stream) == 0
-    want_rows, want_sorted = dispatch_reference(tokens, indices)
+    want_rows, want_sorted = permute_reference(tokens, indices)
     assert np.array_equal(out, want_rows) and np.array_equal(sorted_out, want_sorted)
 
     grad = rng.standard_normal((2, 2)).astype(ml_dtypes.bfloat16)

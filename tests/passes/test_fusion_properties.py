@@ -575,6 +575,43 @@ def _top_k_case(data) -> Case:
     return Case(g.b.build(), feeds, legal, dtype="float16", special=special)
 
 
+def _permute_case(data) -> Case:
+    """torch's ``tokens.index_select(0, argsort(ids.view(-1)) // topK)`` as exported (TopK ascending, a Div, or
+    floor_divide's Div-and-correct form); near variants: another divisor, a descending or unsorted TopK, a TopK
+    of fewer than all slots, ids of another token count. Ids tie often (a stable sort is what the op is)."""
+    tokens, topk, hidden = (data.draw(st.integers(1, 4), label=n) for n in ("T", "K", "H"))
+    slots = tokens * topk
+    divisor = max(1, topk + data.draw(st.sampled_from([0, 0, 0, -1, 1]), label="divisor - K"))
+    largest = data.draw(st.sampled_from([0, 0, 0, 1]), label="largest")
+    sorted_ = data.draw(st.sampled_from([1, 1, 1, 0]), label="sorted")
+    k = data.draw(st.sampled_from([slots, slots, slots, max(1, slots - 1)]), label="TopK k")
+    floor_form = data.draw(st.booleans(), label="floor_divide")
+    fed = data.draw(st.booleans(), label="fed ids")
+    rng = _rng(data)
+    g = _B("permute")
+    x = g.b.input("x", "float32", (tokens, hidden))
+    constant = rng.integers(0, 3, (tokens, topk)).astype(np.int64)
+    ids = g.b.input("ids", "int64", (tokens, topk)) if fed else g.b.constant("ids", constant)
+    _, order = g.b.op("TopK", g.b.op("Reshape", ids, g.ints([-1])), g.ints([k]), axis=-1, largest=largest,
+                      sorted=sorted_)
+    divide = g.ints([divisor])
+    quotient = g.b.op("Div", order, divide)
+    if floor_form:
+        negative = g.b.op("Less", order, g.b.constant("zero", np.array(0, np.int64)))
+        differ = g.b.op("Equal", negative, g.b.constant("d_nonneg", np.array(True)))
+        remainder = g.b.op("Cast", g.b.op("Mod", order, divide, fmod=0), to=9)
+        quotient = g.b.op("Sub", quotient, g.b.op("Cast", g.b.op("And", differ, remainder), to=7))
+    g.b.output(g.b.op("Gather", x, quotient, axis=0), "y")
+    feeds = []
+    for _ in range(2 if fed else 1):
+        f = {"x": _normal(rng, (tokens, hidden), np.float32)}
+        if fed:
+            f["ids"] = rng.integers(0, 3, (tokens, topk)).astype(np.int64)
+        feeds.append(f)
+    canonical = divisor == topk and largest == 0 and sorted_ == 1 and k == slots
+    return Case(g.b.build(), feeds, canonical)
+
+
 # -- the proof -------------------------------------------------------------------------------------------------------
 CASES: dict[str, Callable] = {
     "rotary half": lambda data: _rope_case(data, "half"),
@@ -585,6 +622,7 @@ CASES: dict[str, Callable] = {
     "rotary partial": _partial_case,
     "MoE unpermute": _moe_case,
     "MoE per-expert loop": _moe_loop_case,
+    "MoE permute": _permute_case,
     "sparse attention": _attention_case,
     "sparse attention top-k mask": _top_k_case,
 }
