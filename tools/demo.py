@@ -26,7 +26,7 @@ from ..schemas.sparse_attention.examples import E1_KEY, E1_VALUE
 from ._table import format_table
 
 ROPE, ROPE_GRAD = "InplacePartialRotaryMul", "InplacePartialRotaryMulGrad"
-TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
+TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2, "int8": 0.0}
 """Max abs error allowed for results of magnitude <= 16 computed from rounded inputs."""
 
 

@@ -317,8 +317,11 @@ def test_rope_grad_on_every_runtime(geir_runtime):
 """
 
 
-@pytest.mark.parametrize("args, expect", [([], "2 passed"), (["--geir-runtime", "numpy"], "1 passed"),
-                                          (["--geir-runtime", "tvm"], "--geir-runtime 'tvm': expected one of numpy")])
+@pytest.mark.parametrize("args, expect", [([], "2 passed"),
+                                          pytest.param(["--geir-runtime", "numpy"], "1 passed", marks=pytest.mark.slow),
+                                          pytest.param(["--geir-runtime", "tvm"],
+                                                       "--geir-runtime 'tvm': expected one of numpy",
+                                                       marks=pytest.mark.slow)])   # a pytest subprocess each, 6 s
 def test_the_pytest_plugin_parametrises_over_runtimes(tmp_path, args, expect):
     (tmp_path / "test_user.py").write_text(textwrap.dedent(PLUGIN_TEST))
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), *args],

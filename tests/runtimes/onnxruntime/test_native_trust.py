@@ -130,6 +130,7 @@ def test_failed_attention_allocation_is_an_error_not_zeros(op, fail_at):
 
 
 @requires_compiler
+@pytest.mark.slow   # builds the library (5-7 s on two cores): CI runs it with -m slow
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_cached_library_is_rebuilt_never_loaded(tmp_path, damage, copycc):
     compiler, log = copycc
@@ -165,6 +166,7 @@ def _plant(cache: Path, tmp_path: Path, compiler: str) -> tuple[Path, Path]:
 
 
 @requires_compiler
+@pytest.mark.slow   # builds the library (5-7 s on two cores): CI runs it with -m slow
 def test_a_planted_library_without_our_hash_is_replaced_and_never_runs(tmp_path, copycc):
     compiler, log = copycc
     cache = tmp_path / "cache"
@@ -176,6 +178,7 @@ def test_a_planted_library_without_our_hash_is_replaced_and_never_runs(tmp_path,
 
 
 @requires_compiler
+@pytest.mark.slow   # builds the library (5-7 s on two cores): CI runs it with -m slow
 def test_a_shared_cache_directory_is_refused(tmp_path, copycc):
     compiler, _ = copycc
     cache = tmp_path / "cache"
@@ -189,6 +192,7 @@ def test_a_shared_cache_directory_is_refused(tmp_path, copycc):
 
 
 @requires_compiler
+@pytest.mark.slow   # builds the library (5-7 s on two cores): CI runs it with -m slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
 def test_a_library_owned_by_another_user_is_refused(tmp_path, copycc):
     compiler, _ = copycc
@@ -202,6 +206,7 @@ def test_a_library_owned_by_another_user_is_refused(tmp_path, copycc):
 
 
 @requires_compiler
+@pytest.mark.slow   # builds the library (5-7 s on two cores): CI runs it with -m slow
 def test_a_fifo_in_the_cache_is_refused_without_hanging(tmp_path, copycc):
     compiler, _ = copycc
     cache = tmp_path / "cache"
@@ -255,6 +260,7 @@ def test_concurrent_first_use_gives_every_caller_the_library(tmp_path, copycc):
 
 
 @requires_compiler
+@pytest.mark.slow   # builds the library (5-7 s on two cores): CI runs it with -m slow
 def test_a_build_says_what_it_does_on_stderr_once_and_a_cached_library_says_nothing(tmp_path, copycc):
     """The first ONNX Runtime use on a machine pauses for the compiler: one line says why and for how long."""
     compiler, log = copycc
