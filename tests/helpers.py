@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import geir
 from geir.testing import reference
@@ -128,3 +129,16 @@ def assert_same_graph(got: geir.Graph, want: geir.Graph) -> None:
         assert [sig(v) for v in a.inputs] == [sig(v) for v in b.inputs], a.name
         assert [sig(v) for v in a.outputs] == [sig(v) for v in b.outputs], a.name
     assert [sig(v) for v in got.outputs] == [sig(v) for v in want.outputs]
+
+
+def assert_rule_error(build, rule: str, *facts: str, op: str, node: str = "node", built_at: str | None = None) -> None:
+    """``build()`` raises the GraphError of ``rule`` at ``op`` '``node``', naming every fact (and where the node was
+    built, when ``built_at`` is given)."""
+    with pytest.raises(geir.GraphError) as err:
+        build()
+    message = str(err.value)
+    assert err.value.rule == rule and message.startswith(f"[{rule}] {op} '{node}': "), message
+    for fact in facts:
+        assert fact in message, (fact, message)
+    if built_at is not None:
+        assert f"node built at {built_at}" in message, message

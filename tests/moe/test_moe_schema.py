@@ -7,19 +7,14 @@ import pytest
 import geir
 from geir import GraphError
 from geir.schemas import get_schema
+from helpers import assert_rule_error
 from moe.helpers import MOE, MOE_GRAD, bf16_tokens_f32_probs_expected, moe_grad_graph, moe_graph
 
 DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _fails(build, rule, *facts, op):
-    with pytest.raises(GraphError) as err:
-        build()
-    message = str(err.value)
-    assert err.value.rule == rule and message.startswith(f"[{rule}] {op} 'node': "), message
-    for fact in facts:
-        assert fact in message, (fact, message)
-    assert "node built at helpers.py:" in message
+    assert_rule_error(build, rule, *facts, op=op, built_at="helpers.py:")
 
 
 def test_schemas_match_the_contract_tables():

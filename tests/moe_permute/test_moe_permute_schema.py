@@ -8,16 +8,12 @@ import pytest
 import geir
 from geir import GraphError
 from geir.schemas import get_schema
+from helpers import assert_rule_error
 from moe_permute.helpers import PERMUTE, PERMUTE_GRAD, TOKEN_DTYPES, permute_grad_graph, permute_graph
 
 
 def _fails(build, rule, *facts, op):
-    with pytest.raises(GraphError) as err:
-        build()
-    message = str(err.value)
-    assert err.value.rule == rule and message.startswith(f"[{rule}] {op} 'node': "), message
-    for fact in facts:
-        assert fact in message, (fact, message)
+    assert_rule_error(build, rule, *facts, op=op)
 
 
 def test_schemas_are_cann_op_defs():
