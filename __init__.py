@@ -7,6 +7,7 @@ them against a device with ``check``. See the project README for a tour.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from .ir._dtypes import DType, as_dtype
 from .ir._errors import ExecutionError, GeirWarning, GraphError, SourceLocation
@@ -26,13 +27,24 @@ from .ir._onnx_schemas import register_onnx_schemas
 
 register_onnx_schemas()   # ONNX tools (checker, shape inference) know our ops once geir is imported
 
-from .tools import backend, testing
+from .tools import backend, lazy_torch, testing
 
 sys.modules.setdefault(__name__ + ".ge", ge)   # ``import geir.ge`` as well as ``from geir import ge``
 sys.modules.setdefault(__name__ + ".ge.op", ge.op)   # ``import geir.ge.op`` too: the same module, not a copy
 sys.modules.setdefault(__name__ + ".aclnn", aclnn)   # ``import geir.aclnn``: CANN's single-op API
 sys.modules.setdefault(__name__ + ".testing", testing)
 sys.modules.setdefault(__name__ + ".backend", backend)   # ONNX's backend interface: ``import geir.backend``
+lazy_torch.install(__name__)   # ``import geir.torch``: the PyTorch front door, loaded (with torch) only then
+
+
+if not TYPE_CHECKING:   # hidden from type checkers: a module __getattr__ would make every unknown name legal
+    def __getattr__(name: str) -> object:
+        """``geir.torch`` on first access imports the PyTorch front door (``tools/torch``); ``import geir`` does
+        not."""
+        if name == "torch":
+            return lazy_torch.load(__name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 float32 = DType.FLOAT32
 float16 = DType.FLOAT16

@@ -1,0 +1,90 @@
+"""geir.torch's rotary calls: really in place, bits equal to geir.run, gradcheck of the functional form, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import geir  # noqa: E402
+import geir.torch as gt  # noqa: E402
+
+from .helpers import DTYPES, bits, run_op  # noqa: E402
+
+B, S, N, D = 2, 5, 3, 24
+SLICE = [4, 20]
+
+
+def _tables(dtype, seed=0, length=SLICE[1] - SLICE[0]):
+    g = torch.Generator().manual_seed(seed)
+    angle = torch.rand(1, S, 1, length, generator=g) * 6
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+@pytest.mark.parametrize("mode", sorted(gt.ROTARY_MODES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_in_place_forward_and_backward_equal_geir_run_bit_for_bit(mode, dtype):
+    x = torch.randn(B, S, N, D).to(dtype)
+    cos, sin = _tables(dtype)
+    code = gt.ROTARY_MODES[mode]
+    for call, op_type, name in ((gt.inplace_partial_rotary_mul, "InplacePartialRotaryMul", "x"),
+                                (gt.inplace_partial_rotary_mul_backward, "InplacePartialRotaryMulGrad", "dy")):
+        y = x.clone()
+        assert call(y, cos, sin, rotary_mode=mode, partial_slice=SLICE) is None
+        (ref,) = run_op(op_type, {name: x, "cos": cos, "sin": sin}, rotary_mode=code, partial_slice=SLICE)
+        assert np.array_equal(bits(y), bits(ref))
+        assert not torch.equal(y, x)
+
+
+def test_mixed_dtypes_equal_geir_run():
+    x = torch.randn(B, S, N, D).to(torch.bfloat16)
+    cos, sin = _tables(torch.float32)
+    y = x.clone()
+    gt.inplace_partial_rotary_mul(y, cos, sin, partial_slice=SLICE)
+    (ref,) = run_op("InplacePartialRotaryMul", {"x": x, "cos": cos, "sin": sin}, rotary_mode=1, partial_slice=SLICE)
+    assert np.array_equal(bits(y), bits(ref))
+
+
+def test_the_in_place_ops_write_through_the_callers_tensor_even_a_strided_view():
+    base = torch.randn(B, S, 2 * N, D)
+    view = base[:, :, ::2]                   # every other head: not contiguous
+    expected = view.clone()
+    cos, sin = _tables(torch.float32)
+    gt.inplace_partial_rotary_mul(expected, cos, sin, partial_slice=SLICE)
+    untouched = base[:, :, 1::2].clone()
+    pointer = view.data_ptr()
+    gt.inplace_partial_rotary_mul(view, cos, sin, partial_slice=SLICE)
+    assert view.data_ptr() == pointer and torch.equal(view, expected) and torch.equal(base[:, :, ::2], expected)
+    assert torch.equal(base[:, :, 1::2], untouched)
+    before = (cos.clone(), sin.clone())
+    gt.inplace_partial_rotary_mul_backward(view, cos, sin, partial_slice=SLICE)
+    assert torch.equal(cos, before[0]) and torch.equal(sin, before[1])
+
+
+@pytest.mark.parametrize("mode", sorted(gt.ROTARY_MODES))
+def test_the_functional_form_is_differentiable_through_the_backward_op(mode):
+    x = torch.randn(B, S, N, D, dtype=torch.float64, requires_grad=True)
+    cos, sin = _tables(torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda t: gt.partial_rotary_mul(t, cos, sin, rotary_mode=mode, partial_slice=SLICE), (x,))
+    y = gt.partial_rotary_mul(x, cos, sin, rotary_mode=mode, partial_slice=SLICE)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    expected = dy.clone()
+    gt.inplace_partial_rotary_mul_backward(expected, cos, sin, rotary_mode=mode, partial_slice=SLICE)
+    assert torch.equal(x.grad, expected)
+
+
+def test_unknown_modes_and_bad_slices_are_rule_errors():
+    x = torch.randn(B, S, N, D)
+    cos, sin = _tables(torch.float32)
+    with pytest.raises(geir.GraphError) as mode:
+        gt.inplace_partial_rotary_mul(x, cos, sin, rotary_mode="neox", partial_slice=SLICE)
+    assert mode.value.rule == "RP-S4"
+    with pytest.raises(geir.GraphError) as length:
+        gt.inplace_partial_rotary_mul(x, cos, sin, partial_slice=[0, 8])
+    assert length.value.rule == "RP-S7"
+    with pytest.raises(geir.GraphError) as rank:
+        gt.inplace_partial_rotary_mul(x[0], cos, sin, partial_slice=SLICE)
+    assert rank.value.rule == "RP-S1"

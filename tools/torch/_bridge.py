@@ -1,0 +1,113 @@
+"""Tensors to the NumPy kernels and back, with the op's checks built once per call signature.
+
+A call is checked as ``geir.run`` checks the same op: its schema's rules on the shapes, dtypes and attributes
+(``GraphError`` with the rule id), then its data rules on the values (``ExecutionError``). The rules run through a
+one-node graph built the first time a (dtypes, shapes, attributes) key is seen and kept (``prepare``); later calls
+with that key cost a dict lookup, the data rules and the kernel. float64, the kernels' test path (gradcheck), is
+checked as float32 (the rules read only shapes) and computed in float64.
+
+CPU tensors only: they are viewed as NumPy arrays without a copy (bfloat16 through an int16 view), and results
+come back the same way (``torch.from_numpy``). A tensor on another device is an ``ExecutionError`` until a GPU
+path exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from ...ir._core import Node
+from ...ir._dtypes import as_dtype
+from ...ir._errors import ExecutionError
+from ...ir._schema import OpSchema
+from ...runtimes._checks import validate_node_data
+from ...runtimes.numpy._kernels import kernel_for
+from ..builder import GraphBuilder
+
+__all__ = ["Prepared", "call", "prepare", "to_numpy", "to_torch"]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_F64 = np.dtype(np.float64)
+MAX_PREPARED = 4096
+"""Call signatures kept (the cache is emptied when full)."""
+
+
+def to_numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
+    """A NumPy view of a CPU tensor's memory (no copy; strides kept); ExecutionError for any other device."""
+    if tensor.device.type != "cpu":
+        raise ExecutionError(f"geir.torch: '{name}' is a {tensor.device.type} tensor ({tensor.device}): geir computes "
+                             "on the CPU only (no GPU path yet); move it with .cpu()")
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(_BF16)
+    return tensor.numpy()
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory (bfloat16 included)."""
+    if array.dtype == _BF16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One checked call signature: the op's node (for its data rules), its kernel and its attributes."""
+
+    node: Node
+    kernel: Callable[..., Any]
+    attributes: dict[str, Any]
+
+
+_PREPARED: dict[tuple[Any, ...], Prepared] = {}
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any]) -> Prepared:
+    """The checked signature of a call of ``schema`` on arrays of these dtypes and shapes (GraphError if a rule of
+    the op refuses it; a warning rule warns on the first call only, as a graph warns when built once)."""
+    key = (schema.op_type, tuple(None if a is None else (a.dtype, a.shape) for a in arrays),
+           tuple((k, _frozen(v)) for k, v in attributes.items()))
+    found = _PREPARED.get(key)
+    if found is not None:
+        return found
+    b = GraphBuilder(f"geir.torch.{schema.op_type}")
+    values = [None if a is None else b.input(spec.name, as_dtype(np.float32 if a.dtype == _F64 else a.dtype), a.shape)
+              for spec, a in zip(schema.inputs, arrays)]
+    result = b.add_node(schema, values, {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()},
+                        name=schema.op_type)
+    results = result if isinstance(result, tuple) else (result,)
+    for spec, value in zip(schema.outputs, results):
+        if value is not None:
+            b.output(value, "out_" + spec.name)
+    node = b.build().nodes[0]
+    kernel = kernel_for(schema)
+    assert kernel is not None, schema.op_type
+    if len(_PREPARED) >= MAX_PREPARED:
+        _PREPARED.clear()
+    prepared = _PREPARED[key] = Prepared(node, kernel, dict(node.attributes))
+    return prepared
+
+
+def call(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any],
+         **extra: Any) -> Any:
+    """Check and run ``schema``'s NumPy kernel on ``arrays`` (``extra``: ``out=`` for the in-place ops)."""
+    prepared = prepare(schema, arrays, attributes)
+    node = prepared.node
+    validate_node_data(node, arrays, prepared.attributes)
+    try:
+        with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as the NumPy runtime gives them
+            return prepared.kernel(*arrays, **prepared.attributes, **extra)
+    except ExecutionError:
+        raise
+    except Exception as exc:
+        raise ExecutionError(f"While executing {node.op_type} (geir.torch): {type(exc).__name__}: {exc}",
+                             node=node.name) from exc
