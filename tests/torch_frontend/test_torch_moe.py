@@ -117,6 +117,7 @@ def test_rule_ids_reach_the_caller():
     with pytest.raises(geir.GraphError) as shape:
         gt.npu_moe_token_unpermute(permuted, slots[:-1], probs)
     assert shape.value.rule == "MU-S2"
+    assert shape.value.location is not None and shape.value.location.filename == __file__   # the caller's line
     with pytest.raises(geir.GraphError) as padded:
         gt.npu_moe_token_permute(x, ids, padded_mode=True)
     assert padded.value.rule == "MP-S3"

@@ -13,6 +13,7 @@ path exists.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 
 from ...ir._core import Node
 from ...ir._dtypes import as_dtype
-from ...ir._errors import ExecutionError
+from ...ir._errors import ExecutionError, GraphError, SourceLocation
 from ...ir._schema import OpSchema
 from ...runtimes._checks import validate_node_data
 from ...runtimes.numpy._kernels import kernel_for
@@ -79,6 +80,20 @@ def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: M
     found = _PREPARED.get(key)
     if found is not None:
         return found
+    try:
+        node = _one_node_graph(schema, arrays, attributes)
+    except GraphError as exc:   # built inside torch's dispatcher: point at the caller's line, not torch's
+        raise GraphError(exc.message, rule=exc.rule, node=exc.node, location=_caller()) from None
+    kernel = kernel_for(schema)
+    assert kernel is not None, schema.op_type
+    if len(_PREPARED) >= MAX_PREPARED:
+        _PREPARED.clear()
+    prepared = _PREPARED[key] = Prepared(node, kernel, dict(node.attributes))
+    return prepared
+
+
+def _one_node_graph(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any]) -> Node:
+    """The op's node, built and verified on these dtypes and shapes (float64 as float32) and attributes."""
     b = GraphBuilder(f"geir.torch.{schema.op_type}")
     values = [None if a is None else b.input(spec.name, as_dtype(np.float32 if a.dtype == _F64 else a.dtype), a.shape)
               for spec, a in zip(schema.inputs, arrays)]
@@ -88,13 +103,18 @@ def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: M
     for spec, value in zip(schema.outputs, results):
         if value is not None:
             b.output(value, "out_" + spec.name)
-    node = b.build().nodes[0]
-    kernel = kernel_for(schema)
-    assert kernel is not None, schema.op_type
-    if len(_PREPARED) >= MAX_PREPARED:
-        _PREPARED.clear()
-    prepared = _PREPARED[key] = Prepared(node, kernel, dict(node.attributes))
-    return prepared
+    return b.build().nodes[0]
+
+
+def _caller() -> SourceLocation | None:
+    """The innermost frame outside geir and torch: the line that called the ``geir.torch`` function."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not any(module == top or module.startswith(top + ".") for top in ("geir", "torch")):
+            return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
 
 
 def call(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any],
