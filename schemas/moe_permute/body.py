@@ -32,6 +32,7 @@ def permute_body(b: Body, spec: LoweringSpec) -> None:
     rows = b.op("Max", b.op("Min", rows, count), b.const(0))                        # CANN's clamp to [0, M]
     kept = b.op("Slice", row2slot, b.ints(0), b.unsqueeze(rows, 0), b.ints(0))
     topk = b.op("ReduceProd", b.op("Shape", "indices", start=1), keepdims=1)       # K; 1 for 1-D indices
+    topk = b.op("Max", topk, b.ints(1))       # K = 0 has no slots (kept is empty): never a division by zero
     b.output("Gather", spec.out("permute_tokens"), "tokens", b.op("Div", kept, topk), axis=0)
 
 
@@ -47,5 +48,6 @@ def permute_grad_body(b: Body, spec: LoweringSpec) -> None:
     index = b.where(kept, slots, rows)                                             # R: the zero row
     topk = b.unsqueeze(b.attr_int("num_topk"), 0)
     gathered = b.op("Gather", table, index, axis=0)                                # (M, H)
-    summed = b.sum(b.reshape(gathered, b.ints(-1), topk, hidden), 1)
+    tokens = b.op("Div", b.dim("sorted_indices", 0), topk)                          # T = M / K (MPG-S2)
+    summed = b.sum(b.reshape(gathered, tokens, topk, hidden, allowzero=True), 1)    # H = 0 stays 0, no -1
     b.output("CastLike", spec.out("input_grad"), summed, grad)

@@ -61,6 +61,8 @@ def _index_map(view: GraphView, value, source, slots: int, nodes: list, depth: i
     the nodes passed are collected in ``nodes``. None otherwise."""
     if value is source:
         return np.arange(slots, dtype=source.type.dtype.numpy)
+    if np.dtype(value.type.dtype.numpy).kind not in "iub":
+        return None        # a float's Div and Mod are not the integer ones evaluated here: never a match
     constant = view.constant(value)
     if constant is not None:
         return constant if constant.dtype.kind in "iub" and constant.size == 1 else None
@@ -83,7 +85,7 @@ def _index_map(view: GraphView, value, source, slots: int, nodes: list, depth: i
             result = np.asarray(_ELEMENTWISE[node.op_type](node, *(p.reshape(-1) if p.size == 1 else p for p in parts)))
     except (ZeroDivisionError, TypeError, ValueError):
         return None
-    return result if result.shape in ((slots,), (1,), ()) else None
+    return result if result.shape in ((slots,), (1,), ()) and result.dtype.kind in "iub" else None
 
 
 def _routing(view: GraphView, topk_node) -> tuple[Any, list[Any]] | NearMiss:

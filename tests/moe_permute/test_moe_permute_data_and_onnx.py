@@ -81,3 +81,21 @@ def test_export_round_trip_and_stock_onnxruntime(dtype, tmp_path):
     for name in ("rows", "back"):
         for got in (stock[name], geir.run(loaded, feeds, runtime="onnxruntime")[name]):
             assert np.array_equal(np.asarray(got).astype(np.float64), want[name].astype(np.float64)), name
+
+
+@pytest.mark.parametrize("graph, feeds", [
+    (lambda: permute_graph((3, 4), (3, 0)), {"tokens": np.ones((3, 4), np.float32),
+                                             "indices": np.zeros((3, 0), np.int32)}),     # topK 0: no slots
+    (lambda: permute_grad_graph(6, 0, 6, num_topk=2), {"grad": np.zeros((6, 0), np.float32),
+                                                       "sorted": np.arange(6, dtype=np.int32)}),   # hidden 0
+])
+def test_empty_extents_run_on_stock_onnxruntime_as_on_geir(graph, feeds):
+    """Review of issue 27: the bodies once divided by K = 0 (ORT refused to load the model) and reshaped with -1
+    beside a 0 (Reshape refused); every runtime now gives the same empty results."""
+    built = graph()
+    model = geir.to_onnx(built)
+    stock = run_onnxruntime(model, feeds)
+    for runtime in RUNTIMES:
+        ran = geir.run(built, feeds, runtime=runtime)
+        for name, want in ran.items():
+            assert np.asarray(stock[name]).shape == want.shape and np.array_equal(stock[name], want), name

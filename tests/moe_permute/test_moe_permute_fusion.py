@@ -121,3 +121,19 @@ def test_fusion_is_exact_or_does_not_fire(tokens, topk, divisor_shift, floor_for
         assert not fired
         return
     assert np.array_equal(geir.run(fused, {"x": x, "ids": ids})["y"], want)
+
+
+def test_an_index_computed_through_floats_never_fuses():
+    """A float Div/Mul in the index arithmetic is no integer map (review of issue 27): v//2 + v%2 written with a
+    float division must be left alone, and the graph still computes what it computed."""
+    b = geir.GraphBuilder("p")
+    x, ids = b.input("x", "float32", (5, 3)), b.input("ids", "int64", (5, 2))
+    _, order = b.op("TopK", b.op("Reshape", ids, ints(b, [-1])), ints(b, [10]), axis=-1, largest=0, sorted=1)
+    two, f = b.op("Cast", ints(b, [2], "two"), to=1), b.op("Cast", order, to=1)
+    half = b.op("Cast", b.op("Div", f, two), to=7)
+    whole = b.op("Cast", b.op("Mul", b.op("Div", f, two), two), to=7)
+    index = b.op("Sub", half, b.op("Sub", whole, b.op("Mul", half, ints(b, [2], "two_i"))))
+    b.output(b.op("Gather", x, index, axis=0), "y")
+    original = b.build()
+    fused, _ = geir.fuse(original, allow_stricter_data=True)
+    assert "MoeTokenPermute" not in [n.op_type for n in fused.nodes]
