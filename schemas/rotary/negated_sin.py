@@ -15,6 +15,8 @@ applied to such values (``cos(cat(f, f))``). Anything else is not proven, and th
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -64,7 +66,31 @@ def _constant(view: Any, value: Any) -> np.ndarray | None:
 
 def pair_duplicated(view: Any, value: Any, pairs: Pairs, depth: int = 0) -> bool:
     """Whether ``value`` (of a graph ``view`` reads) holds equal bits at positions ``a`` and ``b`` of its last axis
-    for every pair, for every input of the graph; False when that is not proven."""
+    for every pair, for every input of the graph; False when that is not proven. Each (value, pairs) is decided
+    once per top-level call: a graph that reuses values (``Add(t, t)`` chains) costs its size, not 2**depth."""
+    key = ("pairs", id(value), pairs[0].tobytes(), pairs[1].tobytes())
+    return _memoised(key, depth, lambda: _pair_duplicated(view, value, pairs, depth))
+
+
+_MEMO = threading.local()
+
+
+def _memoised(key: tuple, depth: int, decide: Callable[[], bool]) -> bool:
+    """``decide()`` once per key within the outermost call (depth 0 opens and closes the table; per thread)."""
+    outermost = depth == 0 and getattr(_MEMO, "table", None) is None
+    if outermost:
+        _MEMO.table = {}
+    try:
+        table: dict[tuple, bool] = _MEMO.table
+        if key not in table:
+            table[key] = decide()
+        return table[key]
+    finally:
+        if outermost:
+            _MEMO.table = None
+
+
+def _pair_duplicated(view: Any, value: Any, pairs: Pairs, depth: int) -> bool:
     shape = value.type.shape
     if not shape or shape[-1] == 1:
         return True                               # one value along the last axis (broadcast)
@@ -152,7 +178,11 @@ def _concat_duplicated(view: Any, parts: list[Any], pairs: Pairs) -> bool:
 
 def _same(view: Any, a: Any, b: Any, depth: int = 0) -> bool:
     """Whether ``a`` and ``b`` hold the same bits for every input: one value, equal constants, or one output of two
-    nodes of one deterministic op with the same attributes and the same inputs."""
+    nodes of one deterministic op with the same attributes and the same inputs (each pair decided once)."""
+    return _memoised(("same", id(a), id(b)), depth, lambda: _same_bits(view, a, b, depth))
+
+
+def _same_bits(view: Any, a: Any, b: Any, depth: int) -> bool:
     if a is b:
         return True
     left, right = _constant(view, a), _constant(view, b)
@@ -185,7 +215,9 @@ def _forward_with_negated_sin(ctx: Any, node: Any, inputs: list) -> tuple[tuple,
     if mode == 3:
         return "mode 3 reads and writes different layouts: the forward with negated sin is not its grad"
     dy, cos, sin = inputs
-    length = int(cos.type.shape[-1])
+    length = cos.type.shape[-1]
+    if not isinstance(length, int):
+        return f"the tables' last dim is symbolic ({length}): their pairs cannot be compared"
     pairs = _pairs(mode, length)
     unproven = [name for name, table in (("cos", node.inputs[1]), ("sin", node.inputs[2]))
                 if not pair_duplicated(ctx.view, table, pairs)]

@@ -361,3 +361,35 @@ def test_any_family_s_emitted_op_follows_its_kernel_rows():
         assert [(f.op_type, f.form) for f in report] == [("MoeTokenPermuteGrad", STANDARD_OPS if target == A5
                                                           else KERNEL)], report
         _assert_same_bits(geir.grad(forward, wrt=["tokens"]), derivative, feeds)
+
+
+def test_symbolic_table_widths_fall_back_instead_of_failing():
+    """Review of issue 27: a table whose last dim is a symbol cannot be compared pair by pair; the derivative takes
+    the standard-op body and says why (it once raised a bare ValueError from int('L'))."""
+    b = geir.GraphBuilder("r")
+    x = b.input("x", "float32", (2, 4, 2, 8))
+    cos, sin = b.input("cos", "float32", (1, 4, 1, "L")), b.input("sin", "float32", (1, 4, 1, "L"))
+    b.output(b.InplacePartialRotaryMul(x, cos, sin, rotary_mode=1, partial_slice=[0, 8]), "y")
+    _, report = geir.grad(b.build(), wrt="x", target=A2, report=True)
+    (form,) = report.forms
+    assert form.form == STANDARD_OPS and "symbolic" in form.detail, report
+
+
+def test_a_table_built_from_shared_values_is_proven_once_per_value():
+    """Add(t, t) twenty times over a duplicated table: 2**20 paths, 20 values; the proof visits each value once
+    (memoised per call), fires the substitute, and computes the plain derivative's bits."""
+    b = geir.GraphBuilder("r")
+    x = b.input("x", "float32", (1, 3, 1, 8))
+    half = b.input("freqs", "float32", (1, 3, 1, 4))
+    axis = b.constant("axis", np.array([-1], np.int64))
+    table = b.op("Reshape", b.op("Concat", *(b.op("Unsqueeze", half, axis) for _ in range(2)), axis=-1),
+                 b.constant("shape", np.array([1, 3, 1, 8], np.int64)))
+    for _ in range(20):
+        table = b.op("Add", table, table)
+    y = b.InplacePartialRotaryMul(x, b.op("Cos", table), b.op("Sin", table), rotary_mode=1, partial_slice=[0, 8])
+    b.output(y, "y")
+    forward = b.build()
+    derivative, report = _lowered(forward, A2, wrt=["x"])
+    assert [f.form for f in report] == [SUBSTITUTE], report
+    feeds = {**_feeds(forward, 1), "grad_y": np.random.default_rng(2).standard_normal((1, 3, 1, 8)).astype(np.float32)}
+    _assert_same_bits(geir.grad(forward, wrt=["x"]), derivative, feeds)
