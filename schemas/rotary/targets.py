@@ -33,21 +33,6 @@ def _grad_noop(ctx: InferContext) -> bool:
     return grad_is_noop(rotary_slice(ctx)[2], *(t.shape for t in ctx.inputs))
 
 
-def _empty_grad_tensor(ctx: InferContext) -> Finding | None:
-    """RP-W2: an empty dy/cos/sin (with a non-empty slice) makes the grad the identity on ascend950.
-
-    Source: ops-transformer posembedding/inplace_partial_rotary_mul_grad/op_host/
-    inplace_partial_rotary_mul_grad_tiling_base_arch35.cpp @2b888cdb (2026-08; issue 27, item 3): the empty-tensor
-    tiling key returns dy unchanged; docs/aclnnInplacePartialRotaryMulGrad.md @307cfaf2 still says "不支持输入空
-    Tensor". The code implements the case, so a warning (like RP-W1), not RP-S6's former error.
-    """
-    if _slice_is_empty(ctx) or not _grad_noop(ctx):
-        return None
-    i, k = next((i, k) for i, t in enumerate(ctx.inputs) for k, d in enumerate(t.shape) if d == 0)
-    return Finding(ctx.input_subject(i, k), "a non-zero extent (the docs call empty tensors unsupported)", 0,
-                   "the device's tiling makes the grad the identity here: dy is returned unchanged")
-
-
 def _mode_is_interleave(ctx: InferContext) -> Finding | None:
     mode = ctx.attr("rotary_mode")
     if mode == 1:
@@ -91,8 +76,6 @@ register_target_rules(
     TargetRule("RP-T2", FORWARD, frozenset({A2, A3, A5}), _mode_is_interleave),
     TargetRule("RP-T2", GRAD, frozenset({A5}), _mode_is_interleave),
     TargetRule("RP-T3", FORWARD, frozenset({A2, A3, A5}), _head_dim_limit(forward=True)),
-    TargetRule("RP-W2", GRAD, frozenset({A5}), _empty_grad_tensor, src="doc (950 tiling: identity, 2026-08)",
-               warning=True),
     TargetRule("RP-T3", GRAD, frozenset({A5}), _head_dim_limit(forward=False)),   # not when the grad is the identity
     TargetRule("RP-T4", FORWARD, frozenset({A2, A3, A5}), _head_dim_even),
     TargetRule("RP-T5", FORWARD, frozenset({A2, A3}), _cos_layout),
