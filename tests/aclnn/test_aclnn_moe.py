@@ -149,3 +149,19 @@ def test_topk_over_512_is_the_tiling_refusal_on_a2(runtime, on_device):
                      aclnn.aclCreateTensor(probs), False, None,
                      aclnn.aclCreateTensor(np.zeros((tokens, 2), np.float32))) == 561002
     failure(561002, "MU-T2", "513")
+
+
+def test_every_null_is_found_before_any_data_type(runtime):
+    """op_api runs CheckNotNull over all tensors before CheckDtypeValid: a null permutedTokens with an int32
+    probsGradOut is 161001 naming the null one (review of issue 27)."""
+    grad = aclnn.aclCreateTensor(np.zeros((6, 5), np.float32))
+    status = two_phase(*GRAD, None, grad, aclnn.aclCreateTensor(np.arange(6, dtype=np.int32)), None, False, None,
+                       aclnn.aclCreateTensor(np.zeros((6, 5), np.float32)),
+                       aclnn.aclCreateTensor(np.zeros(6, np.int32)))
+    assert status == 161001
+    failure(161001, "permutedTokens")
+    status = two_phase(*GRAD, grad, grad, aclnn.aclCreateTensor(np.arange(6, dtype=np.int32)), None, False, None,
+                       aclnn.aclCreateTensor(np.zeros((6, 5), np.float32)),
+                       aclnn.aclCreateTensor(np.zeros(6, np.int32)))
+    assert status == 161002
+    failure(161002, "probsGradOut", "ACL_INT32")

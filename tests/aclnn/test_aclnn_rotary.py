@@ -150,3 +150,15 @@ def test_an_empty_grad_input_is_a_no_op(runtime, on_device, dy_shape, table_shap
     bad = aclnn.aclCreateTensor(np.ones(table_shape[:3], np.float32))
     assert two_phase(*GRAD, aclnn.aclCreateTensor(dy), bad, bad, 1, None) == 561002     # ranks are still checked
     failure(561002, "RP-S1")
+
+
+def test_an_empty_grad_still_gets_every_other_check(runtime, on_device):
+    """Review of issue 27: the empty grad is a no-op only once dtypes, bounds and table widths pass (the arch35
+    tiling checks them before its no-op key): int32 cos with float32 sin is refused, as is a slice past D."""
+    on_device("ascend950")
+    dy = aclnn.aclCreateTensor(np.zeros((0, 4, 2, 8), np.float16))
+    table = aclnn.aclCreateTensor(np.zeros((1, 4, 1, 8), np.float32))
+    assert two_phase(*GRAD, dy, aclnn.aclCreateTensor(np.zeros((1, 4, 1, 8), np.int32)), table, 1, None) == 161002
+    failure(161002, "cos")
+    assert two_phase(*GRAD, dy, table, table, 1, aclnn.aclCreateIntArray([6, 2])) == 561002
+    failure(561002, "RP-S5")

@@ -157,3 +157,11 @@ def test_the_same_results_on_both_runtimes():
         outs.append(out)
     aclnn.aclFinalize()
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_a_view_numpy_cannot_address_is_a_graph_error():
+    """A size-1 dim may carry any stride, but not one past what NumPy can address (review of issue 27)."""
+    with pytest.raises(geir.GraphError, match="cannot be addressed"):
+        aclnn.aclCreateTensor(np.zeros(4, np.float32), shape=[1, 4], strides=[2**62, 1])
+    assert aclnn.aclSetAclOpExecutorRepeatable(None) == 161001
+    failure(161001, "executor")

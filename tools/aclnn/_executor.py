@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...ir._core import Graph
+from ...ir._dtypes import DType
 from ...ir._errors import ExecutionError, GraphError
 from ...ir._registry import get_schema
 from ...ir._schema import OpSchema
@@ -68,6 +69,8 @@ class TensorArg:
     written: bool = True
     """An output the call writes; False: checked for null and data type only (MoE grad's probsGradOut without
     probs, which CANN's op_api requires but its kernel never writes)."""
+    dtypes: tuple[DType, ...] = ()
+    """The data types taken here, where the op's schema does not say (an output never written); () for any."""
 
 
 class aclOpExecutor:  # noqa: N801  (CANN's name)
@@ -92,7 +95,8 @@ class aclOpExecutor:  # noqa: N801  (CANN's name)
 def aclSetAclOpExecutorRepeatable(executor: aclOpExecutor | None) -> int:
     """Let ``executor`` run any number of times (until ``aclDestroyAclOpExecutor``)."""
     if executor is None:
-        return ACLNN_ERR_PARAM_NULLPTR
+        return record_error("aclSetAclOpExecutorRepeatable", AclnnFailure(
+            ACLNN_ERR_PARAM_NULLPTR, "executor: expected the executor phase one returned, got a null pointer (None)"))
     if not isinstance(executor, aclOpExecutor) or executor.destroyed or executor.runs:
         return record_error("aclSetAclOpExecutorRepeatable", AclnnFailure(
             ACLNN_ERR_PARAM_INVALID, "executor: expected a live executor that has not run yet, got " + repr(executor)))
@@ -118,17 +122,21 @@ def int_array(name: str, array: aclIntArray | None) -> tuple[int, ...] | None:
     return array.values
 
 
+def _check_present(arg: TensorArg) -> None:
+    if arg.tensor is None and arg.required:
+        raise AclnnFailure(ACLNN_ERR_PARAM_NULLPTR, f"{arg.name}: expected a tensor, got a null pointer (None)")
+
+
 def _check_tensor(arg: TensorArg) -> None:
     t = arg.tensor
     if t is None:
-        if arg.required:
-            raise AclnnFailure(ACLNN_ERR_PARAM_NULLPTR, f"{arg.name}: expected a tensor, got a null pointer (None)")
         return
     if not isinstance(t, aclTensor) or t.destroyed:
         raise AclnnFailure(ACLNN_ERR_PARAM_INVALID, f"{arg.name}: expected a live aclTensor, got {t!r}")
-    if t.dtype is None:
+    if t.dtype is None or (arg.dtypes and t.dtype not in arg.dtypes):
+        expected = f"; expected one of {', '.join(d.name.lower() for d in arg.dtypes)}" if arg.dtypes else ""
         raise AclnnFailure(ACLNN_ERR_PARAM_INVALID, f"{arg.name}: data type {data_type_name(t.data_type)} is "
-                           f"not supported")
+                           f"not supported{expected}")
     if t.format != ACL_FORMAT_ND:
         raise AclnnFailure(ACLNN_ERR_PARAM_INVALID, f"{arg.name}: format: expected ACL_FORMAT_ND, got "
                            f"{format_name(t.format)}")
@@ -182,6 +190,8 @@ def prepare(api: str, op_type: str, inputs: Sequence[TensorArg], attributes: Map
             no_op: Callable[[], bool] = lambda: False) -> tuple[int, int, aclOpExecutor | None]:
     """Phase one: ``(status, workspace_size, executor)``; on failure ``(status, 0, None)``."""
     try:
+        for arg in (*inputs, *outputs):        # every null first, then the rest (op_api's CheckNotNull, then dtypes)
+            _check_present(arg)
         for arg in (*inputs, *outputs):
             _check_tensor(arg)
         if no_op():

@@ -182,8 +182,12 @@ def aclCreateTensor(array: Any, *, shape: Sequence[int] | None = None, strides: 
         if last >= storage.size:
             raise GraphError(f"aclCreateTensor: the view (shape {list(view_shape)}, strides {list(view_strides)}, "
                              f"offset {offset}) reaches element {last}, past the storage's {storage.size} elements")
-    view = np.lib.stride_tricks.as_strided(storage[int(offset):] if storage.size else storage, view_shape,
-                                           tuple(s * item for s in view_strides), writeable=base.flags.writeable)
+    try:
+        view = np.lib.stride_tricks.as_strided(storage[int(offset):] if storage.size else storage, view_shape,
+                                               tuple(s * item for s in view_strides), writeable=base.flags.writeable)
+    except (ValueError, OverflowError) as exc:       # a stride past what NumPy can address (of a size-1 dim, say)
+        raise GraphError(f"aclCreateTensor: the view (shape {list(view_shape)}, strides {list(view_strides)}, "
+                         f"offset {offset}) cannot be addressed: {exc}") from None
     return aclTensor(view, data_type, format, int(offset), view_strides)
 
 

@@ -20,7 +20,7 @@ from ._executor import StatusRules, TensorArg, aclOpExecutor, execute, int_array
 from ...schemas.targets import A5
 from ._context import CONTEXT
 from ._status import ACLNN_ERR_INNER_TILING_ERROR, ACLNN_ERR_PARAM_INVALID, AclnnFailure, record_error
-from ._tensor import aclIntArray, aclTensor, data_type_name
+from ._tensor import aclIntArray, aclTensor
 
 __all__ = ["aclnnMoeTokenUnpermute", "aclnnMoeTokenUnpermuteGetWorkspaceSize", "aclnnMoeTokenUnpermuteGrad",
            "aclnnMoeTokenUnpermuteGradGetWorkspaceSize"]
@@ -98,12 +98,9 @@ def aclnnMoeTokenUnpermuteGradGetWorkspaceSize(permutedTokens: aclTensor | None,
               TensorArg("unpermutedTokensGrad", "unpermuted_tokens_grad", unpermutedTokensGrad, strided=True),
               TensorArg("sortedIndices", "sorted_indices", sortedIndices, strided=True),
               TensorArg("probsOptional", "probs", probsOptional, required=False, strided=True)]
-    if probsOptional is None and isinstance(probsGradOut, aclTensor) and probsGradOut.dtype not in _FLOATS:
-        return record_error(api + "GetWorkspaceSize", AclnnFailure(ACLNN_ERR_PARAM_INVALID, "probsGradOut: data "
-                            f"type: expected float16, float32 or bfloat16, got {data_type_name(probsGradOut.data_type)}"
-                            )), 0, None
     outputs = [TensorArg("permutedTokensGradOut", "permuted_tokens_grad", permutedTokensGradOut),
-               TensorArg("probsGradOut", "probs_grad", probsGradOut, written=probsOptional is not None)]
+               TensorArg("probsGradOut", "probs_grad", probsGradOut, written=probsOptional is not None,
+                         dtypes=_FLOATS)]
     return prepare(api, "MoeTokenUnpermuteGrad", inputs, attributes, outputs, _RULES, workspace=_grad_workspace)
 
 

@@ -26,8 +26,14 @@ _RADIX = 1 << 13
 
 
 def _slots(graph: Graph) -> int:
-    return int(graph.nodes[0].outputs[1].type.shape[0]) if graph.nodes[0].op_type == "MoeTokenPermute" else \
-        int(graph.inputs[1].type.shape[0])
+    """M: the grad's len(sorted_indices), the permute's tokens * topK (every element of indices)."""
+    shapes = {v.name: v.type.shape for v in graph.inputs}
+    if "sorted_indices" in shapes:
+        return int(shapes["sorted_indices"][0])
+    count = 1
+    for d in shapes["indices"]:
+        count *= int(d)
+    return count
 
 
 def _permute_workspace(graph: Graph) -> int:

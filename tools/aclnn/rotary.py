@@ -6,15 +6,14 @@ Statuses as each doc's table states them: null ``xRef``/``dyRef``/``cos``/``sin`
 outside the lists 161002; the forward's other refusals (mode, slice, shapes) 161002 too (its table has no 561002
 row); the grad's shape constraints and ``rotaryMode`` outside 0..3 561002. The tensors are contiguous only (the
 non-contiguous column is "×" for all three): a strided view is 161002. The grad's doc makes an empty ``dyRef``,
-``cos`` or ``sin`` (a dim of 0) a no-op that returns at once (its arch35 tiling's no-op key), once ranks, shapes and
-mode pass.
+``cos`` or ``sin`` (a dim of 0) a no-op (its arch35 tiling's no-op key): the op's own semantics since RP-S6 binds
+only the forward, so every other rule still applies and the run leaves ``dyRef`` as it is.
 """
 
 from __future__ import annotations
 
 from ...ir._core import Graph
-from ...schemas.targets import A2, A3, A5
-from ._context import CONTEXT, DeviceBuffer, aclrtStream
+from ._context import DeviceBuffer, aclrtStream
 from ._executor import StatusRules, TensorArg, aclOpExecutor, execute, int_array, prepare
 from ._status import (ACLNN_ERR_INNER_TILING_ERROR, ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_RUNTIME_ERROR, AclnnFailure,
                       record_error)
@@ -27,14 +26,6 @@ _FORWARD_RULES = StatusRules(semantic=ACLNN_ERR_PARAM_INVALID, device=ACLNN_ERR_
 _GRAD_RULES = StatusRules(semantic=ACLNN_ERR_INNER_TILING_ERROR, device=ACLNN_ERR_INNER_TILING_ERROR,
                           codes={"RP-T1": ACLNN_ERR_RUNTIME_ERROR})
 """RP-T1 (no grad kernel on Atlas A2/A3): the API has nothing to launch there."""
-
-
-def _empty_grad(dy: aclTensor | None, cos: aclTensor | None, sin: aclTensor | None, mode: int) -> bool:
-    """The grad's documented no-op: a dim of 0 somewhere, with the ranks, table shapes and mode it still checks."""
-    tensors = [t for t in (dy, cos, sin) if isinstance(t, aclTensor)]
-    return (len(tensors) == 3 and any(t.is_empty() for t in tensors) and all(len(t.shape) == 4 for t in tensors)
-            and tensors[1].shape == tensors[2].shape and mode in (0, 1, 2, 3)
-            and (CONTEXT.target != A5 or mode == 1))
 
 
 def _no_workspace(graph: Graph) -> int:
@@ -54,8 +45,7 @@ def _prepare(api: str, op_type: str, in_name: str, key: str, ref: aclTensor | No
     inputs = [TensorArg(in_name, key, ref), TensorArg("cos", "cos", cos), TensorArg("sin", "sin", sin)]
     attributes = {"rotary_mode": rotary_mode, "partial_slice": list(bounds) if bounds is not None else [0, 0]}
     rules = _GRAD_RULES if is_grad else _FORWARD_RULES
-    return prepare(api, op_type, inputs, attributes, [TensorArg(in_name, key, ref)], rules, workspace=_no_workspace,
-                   no_op=lambda: is_grad and CONTEXT.target not in (A2, A3) and _empty_grad(ref, cos, sin, rotary_mode))
+    return prepare(api, op_type, inputs, attributes, [TensorArg(in_name, key, ref)], rules, workspace=_no_workspace)
 
 
 def aclnnInplacePartialRotaryMulGetWorkspaceSize(xRef: aclTensor | None, cos: aclTensor | None,
