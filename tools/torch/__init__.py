@@ -16,8 +16,9 @@ from .moe import (npu_moe_token_permute, npu_moe_token_permute_grad_v2, npu_moe_
                   npu_moe_token_unpermute_grad, npu_moe_token_unpermute_grad_v2)
 from .rotary import (ROTARY_MODES, inplace_partial_rotary_mul, inplace_partial_rotary_mul_backward,
                      partial_rotary_mul, partial_rotary_mul_backward)
+from .shim import install_npu_shim, npu_shim, uninstall_npu_shim
 
-__all__ = ["ROTARY_MODES", "inplace_partial_rotary_mul", "inplace_partial_rotary_mul_backward",
+__all__ = ["ROTARY_MODES", "inplace_partial_rotary_mul", "inplace_partial_rotary_mul_backward", "install_npu_shim",
            "npu_moe_token_permute", "npu_moe_token_permute_grad_v2", "npu_moe_token_unpermute",
-           "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "partial_rotary_mul",
-           "partial_rotary_mul_backward"]
+           "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "npu_shim", "partial_rotary_mul",
+           "partial_rotary_mul_backward", "uninstall_npu_shim"]
