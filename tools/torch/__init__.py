@@ -16,9 +16,11 @@ from .moe import (npu_moe_token_permute, npu_moe_token_permute_grad_v2, npu_moe_
                   npu_moe_token_unpermute_grad, npu_moe_token_unpermute_grad_v2)
 from .rotary import (ROTARY_MODES, inplace_partial_rotary_mul, inplace_partial_rotary_mul_backward,
                      partial_rotary_mul, partial_rotary_mul_backward)
+from .sparse_attention import npu_sparse_flash_attention, npu_sparse_flash_attention_grad, sparse_flash_attention
 from .shim import install_npu_shim, npu_shim, uninstall_npu_shim
 
 __all__ = ["ROTARY_MODES", "inplace_partial_rotary_mul", "inplace_partial_rotary_mul_backward", "install_npu_shim",
            "npu_moe_token_permute", "npu_moe_token_permute_grad_v2", "npu_moe_token_unpermute",
-           "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "npu_shim", "partial_rotary_mul",
-           "partial_rotary_mul_backward", "uninstall_npu_shim"]
+           "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "npu_shim",
+           "npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "partial_rotary_mul",
+           "partial_rotary_mul_backward", "sparse_flash_attention", "uninstall_npu_shim"]

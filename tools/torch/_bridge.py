@@ -4,7 +4,8 @@ A call is checked as ``geir.run`` checks the same op: its schema's rules on the 
 (``GraphError`` with the rule id), then its data rules on the values (``ExecutionError``). The rules run through a
 one-node graph built the first time a (dtypes, shapes, attributes) key is seen and kept (``prepare``); later calls
 with that key cost a dict lookup, the data rules and the kernel. float64, the kernels' test path (gradcheck), is
-checked as float32 (the rules read only shapes) and computed in float64.
+checked as float32 (the rules read only shapes), or as the input's first float dtype where it takes no float32
+(SparseFlashAttention's float16), and computed in float64.
 
 CPU tensors only: they are viewed as NumPy arrays without a copy (bfloat16 through an int16 view), and results
 come back the same way (``torch.from_numpy``). A tensor on another device is an ``ExecutionError`` until a GPU
@@ -93,9 +94,10 @@ def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: M
 
 
 def _one_node_graph(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any]) -> Node:
-    """The op's node, built and verified on these dtypes and shapes (float64 as float32) and attributes."""
+    """The op's node, built and verified on these dtypes and shapes (float64 as float32, or as the input's first
+    float dtype) and attributes."""
     b = GraphBuilder(f"geir.torch.{schema.op_type}")
-    values = [None if a is None else b.input(spec.name, as_dtype(np.float32 if a.dtype == _F64 else a.dtype), a.shape)
+    values = [None if a is None else b.input(spec.name, _checked_as(spec.dtypes, a.dtype), a.shape)
               for spec, a in zip(schema.inputs, arrays)]
     result = b.add_node(schema, values, {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()},
                         name=schema.op_type)
@@ -104,6 +106,15 @@ def _one_node_graph(schema: OpSchema, arrays: Sequence[np.ndarray | None], attri
         if value is not None:
             b.output(value, "out_" + spec.name)
     return b.build().nodes[0]
+
+
+def _checked_as(allowed: Sequence[Any], dtype: np.dtype) -> Any:
+    if dtype != _F64:
+        return as_dtype(dtype)
+    f32 = as_dtype(np.float32)
+    if f32 in allowed:
+        return f32
+    return next((d for d in allowed if np.issubdtype(np.dtype(d.numpy), np.floating)), f32)
 
 
 def _caller() -> SourceLocation | None:

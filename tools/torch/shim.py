@@ -19,12 +19,13 @@ import sys
 from collections.abc import Iterator
 from types import ModuleType
 
-from . import moe
+from . import moe, sparse_attention
 
 __all__ = ["NPU_FUNCTIONS", "install_npu_shim", "npu_shim", "uninstall_npu_shim"]
 
 NPU_FUNCTIONS = ("npu_moe_token_permute", "npu_moe_token_permute_grad_v2", "npu_moe_token_unpermute",
-                 "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2")
+                 "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "npu_sparse_flash_attention",
+                 "npu_sparse_flash_attention_grad")
 """The ``torch_npu`` names the shim provides (geir.torch's functions of the same names)."""
 _MARK = "__geir_npu_shim__"
 
@@ -57,7 +58,7 @@ def install_npu_shim() -> ModuleType:
     setattr(shim, _MARK, True)
     shim.__all__ = list(NPU_FUNCTIONS)
     for name in NPU_FUNCTIONS:
-        setattr(shim, name, getattr(moe, name))
+        setattr(shim, name, getattr(sparse_attention if "attention" in name else moe, name))
     sys.modules["torch_npu"] = shim
     return shim
 
