@@ -35,8 +35,6 @@ def test_cann_example_e1_writes_dy_in_place(runtime):
                                                 ("bfloat16", "bfloat16")])
 @pytest.mark.parametrize("is_grad", [False, True])
 def test_every_mode_matches_the_float64_oracle(runtime, mode, dtype, table_dtype, is_grad):
-    if is_grad and table_dtype != "float32" and dtype != table_dtype:
-        pytest.skip("not a legal combination")
     rng = np.random.default_rng(mode)
     dt, ct = geir.as_dtype(dtype).numpy, geir.as_dtype(table_dtype).numpy
     x = rng.standard_normal((2, 3, 4, 24)).astype(dt)
