@@ -13,10 +13,13 @@ torch.library refuses autograd on a custom op with keyword-only Tensor arguments
 schema and a CompositeImplicitAutograd body that calls ``geir::sparse_flash_attention``, the same op with every
 argument positional, which carries the fake kernel and the autograd: its backward calls
 ``geir::npu_sparse_flash_attention_grad`` with the forward's inputs, out and saved statistics (as op-plugin's
-derivatives wire it). Training needs ``return_softmax_lse=True`` (the statistics the grad reads); a backward
-without them is a RuntimeError saying so, as are the forms the grad op has no counterpart for: paged KV
-(PA_BSND), BSND with length tensors (the grad ignores them, SG-W1), different query/KV layouts, and a gradient
-for sinks (the grad op computes none).
+derivatives wire it), or, for the forms that op has no direct call for, through the restatements of
+``attention_backward``: BSND with actual_seq_lengths (which the grad op ignores, SG-W1) as TND with a padding
+batch per batch; a paged KV cache (PA_BSND, BSND or TND query) as the dense keys it stands for, the gradients
+added back into the cache's pages (a page the table names twice accumulates; the paged forward returns no
+statistics, PA-S5, so the backward recomputes them); sinks get their gradient from the saved statistics.
+Training otherwise needs ``return_softmax_lse=True`` (the statistics the grad reads); a backward without them
+is a RuntimeError saying so.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 
 from ...ir._errors import GraphError
 from ...schemas import sparse_attention as schemas
+from . import attention_backward as backward
 from ._bridge import call, to_numpy, to_torch
 
 __all__ = ["npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "sparse_flash_attention"]
@@ -92,38 +96,21 @@ def _(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, scale_v
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
     (query, key, value, indices, scale, block_table, lengths_q, lengths_kv, query_rope, key_rope, block,
      layout_query, layout_kv, mode, pre_tokens, next_tokens, attention_mode, with_stats, sinks) = inputs
-    ctx.attributes = (scale, block, layout_query, mode, pre_tokens, next_tokens, attention_mode)
-    ctx.refusal = None
-    if not with_stats:
-        ctx.refusal = ("it was called without return_softmax_lse=True, and its grad reads the softmax statistics: "
-                       "pass return_softmax_lse=True for training")
-    elif layout_kv == schemas.PAGED or block_table is not None:
-        ctx.refusal = "paged KV (layout_kv PA_BSND) has no grad op (SparseFlashAttentionGrad has no PA_BSND form)"
-    elif layout_kv != layout_query:
-        ctx.refusal = f"layout_query {layout_query!r} differs from layout_kv {layout_kv!r}; the grad op has one layout"
-    elif layout_query == "BSND" and (lengths_q is not None or lengths_kv is not None):
-        ctx.refusal = ("BSND with actual_seq_lengths: SparseFlashAttentionGrad ignores them (SG-W1), so it would "
-                       "see other rows than the forward did")
-    ctx.has_sinks = sinks is not None
-    ctx.has_rope = query_rope is not None
-    ctx.save_for_backward(query, key, value, indices, lengths_q, lengths_kv, query_rope, key_rope, *output)
+    ctx.attributes = backward.Attributes(scale, block, layout_query, layout_kv, mode, pre_tokens, next_tokens,
+                                         attention_mode, with_stats)
+    ctx.refusal = backward.refusal(ctx.attributes, block_table is not None)
+    ctx.save_for_backward(query, key, value, indices, block_table, lengths_q, lengths_kv, query_rope, key_rope, sinks,
+                          *output)
     ctx.mark_non_differentiable(output[1], output[2])
 
 
 def _backward(ctx: Any, d_out: Tensor, _max: Tensor | None, _sum: Tensor | None) -> tuple[Tensor | None, ...]:
     if ctx.refusal is not None:
         raise RuntimeError(f"geir.torch: npu_sparse_flash_attention's backward: {ctx.refusal}")
-    if ctx.has_sinks and ctx.needs_input_grad[18]:
-        raise RuntimeError("geir.torch: npu_sparse_flash_attention's backward: sinks require a gradient, which "
-                           "SparseFlashAttentionGrad does not compute (detach them)")
-    query, key, value, indices, lengths_q, lengths_kv, query_rope, key_rope, out, row_max, row_sum = \
-        ctx.saved_tensors
-    scale, block, layout, mode, pre_tokens, next_tokens, attention_mode = ctx.attributes
-    d_q, d_k, d_v, d_qr, d_kr = torch.ops.geir.npu_sparse_flash_attention_grad(
-        query, key, value, indices, d_out.contiguous(), out, row_max, row_sum, scale, block, query_rope, key_rope,
-        lengths_q, lengths_kv, layout, mode, pre_tokens, next_tokens, attention_mode)
-    rope = (d_qr, d_kr) if ctx.has_rope else (None, None)
-    return (d_q, d_k, d_v, None, None, None, None, None, *rope, None, None, None, None, None, None, None, None, None)
+    sinks_need_grad = len(ctx.needs_input_grad) > 18 and ctx.needs_input_grad[18]   # trailing defaults: absent
+    g = backward.backward(ctx.attributes, backward.Saved(*ctx.saved_tensors), d_out, sinks_need_grad)
+    return (g.query, g.key, g.value, None, None, None, None, None, g.query_rope, g.key_rope, None, None, None, None,
+            None, None, None, None, g.sinks)
 
 
 sparse_flash_attention.register_autograd(_backward, setup_context=_setup)
