@@ -48,7 +48,8 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
     return {m for m in found if m in MODULES}
 
 
-SOURCES = [p for p in ROOT.rglob("*.py") if not {"tests", ".venv", "build"} & set(p.relative_to(ROOT).parts)
+# examples/ holds user scripts run from the checkout (no __init__.py: not a package, not in the wheel), not modules
+SOURCES = [p for p in ROOT.rglob("*.py") if not {"tests", "examples", ".venv", "build"} & set(p.relative_to(ROOT).parts)
            and not p.relative_to(ROOT).parts[0].startswith(".") and p.name != "setup.py"]
 MODULES = {_module_name(p): p for p in SOURCES}
 

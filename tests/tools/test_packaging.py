@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 SHIPPED = (".py", ".pyi", ".c", ".h")
-NOT_SOURCE = {"build", "dist", "tests", "__pycache__"}
+NOT_SOURCE = {"build", "dist", "tests", "examples", "__pycache__"}   # examples/: scripts run from the checkout
 
 
 def _skipped(name: str) -> bool:

@@ -1,4 +1,5 @@
-"""Shared by the geir.torch tests: tensors <-> NumPy for geir.run, and one-node graphs run through it."""
+"""Shared by the geir.torch tests: tensors <-> NumPy for geir.run, one-node graphs run through it, and the execution
+modes the training steps run under."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pytest
 import torch
 
 import geir
@@ -39,3 +41,33 @@ def run_op(op_type: str, inputs: dict[str, torch.Tensor | None], **attributes: A
             names.append(f"out{i}")
     outs = geir.run(b.build(), {k: as_numpy(v) for k, v in inputs.items() if v is not None})
     return tuple(outs[n] for n in names)
+
+
+# -- execution modes of the training-step tests: add a mode here (its name, its wrapper in `compiled`) -------------
+
+MODES = ("eager", "inductor")
+"""How a training step runs: eager PyTorch, or ``torch.compile(fullgraph=True)`` with the default backend."""
+COMPILED_MODES = frozenset(MODES) - {"eager"}
+"""The modes that compile (tens of seconds each on two cores): the slow, models-extra runs only."""
+
+
+def compiled(fn: Any, mode: str) -> Any:
+    """``fn`` (a module or a function) as ``mode`` runs it; a compiled mode fails on any graph break."""
+    if mode == "eager":
+        return fn
+    if mode in COMPILED_MODES:
+        torch._dynamo.reset()   # each test compiles afresh (a shared step function would hit the recompile limit)
+    if mode == "inductor":
+        return torch.compile(fn, fullgraph=True)
+    raise ValueError(f"unknown execution mode {mode!r}: expected one of {', '.join(MODES)}")
+
+
+def mode_params() -> list[Any]:
+    """``MODES`` as pytest parameters, the compiling ones marked slow and models."""
+    compiling = [pytest.mark.slow, pytest.mark.models,
+                 # torch 2.13's own: inductor's first import builds torch.utils.mkldnn's TorchScript modules, and
+                 # dynamo instantiates a torch.autograd.Function it traces
+                 pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+                 pytest.mark.filterwarnings("ignore:<class 'torch.autograd.function.Function'> should not be "
+                                            "instantiated:DeprecationWarning")]
+    return [pytest.param(m, marks=compiling if m in COMPILED_MODES else [], id=m) for m in MODES]

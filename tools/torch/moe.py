@@ -83,7 +83,7 @@ def _(permuted_tokens: Tensor, grad_unpermuted_tokens: Tensor, sorted_indices: T
 
 @torch.library.custom_op(
     "geir::npu_moe_token_unpermute_grad_v2", mutates_args=(),
-    schema="(Tensor grad_unpermuted_tokens, Tensor sorted_indices, int permuted_tokens_size_0, "
+    schema="(Tensor grad_unpermuted_tokens, Tensor sorted_indices, SymInt permuted_tokens_size_0, "
            "ScalarType permuted_tokens_dtype, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None, "
            "Tensor? permuted_tokens=None) -> (Tensor, Tensor)")
 def npu_moe_token_unpermute_grad_v2(grad_unpermuted_tokens: Tensor, sorted_indices: Tensor,
@@ -166,7 +166,7 @@ def _(tokens: Tensor, indices: Tensor, num_out_tokens: int | None = None,
 
 @torch.library.custom_op(
     "geir::npu_moe_token_permute_grad_v2", mutates_args=(),
-    schema="(Tensor grad_permuted_tokens, Tensor sorted_indices, int tokens_size_0, ScalarType tokens_dtype, "
+    schema="(Tensor grad_permuted_tokens, Tensor sorted_indices, SymInt tokens_size_0, ScalarType tokens_dtype, "
            "int num_topK, bool padded_mode=False) -> Tensor")
 def npu_moe_token_permute_grad_v2(grad_permuted_tokens: Tensor, sorted_indices: Tensor, tokens_size_0: int,
                                   tokens_dtype: torch.dtype, num_topK: int,  # noqa: N803 (torch_npu's name)
