@@ -34,7 +34,7 @@ def native_calls() -> int:
 
 COPYING_COMPILER = """#!/bin/sh
 # A stand-in C compiler: compile steps (-c) write an empty object, the link step copies {library}.
-# Each run is logged, one line ("compile" or "link"), to {log}.
+# Each run is logged, one line ("compile" or "link"), to {log}; the link step first sleeps {delay} s.
 out=""
 step=link
 while [ $# -gt 0 ]; do
@@ -45,22 +45,23 @@ while [ $# -gt 0 ]; do
   shift
 done
 echo "$step" >> '{log}'
-if [ "$step" = compile ]; then : > "$out"; else cp '{library}' "$out"; fi
+if [ "$step" = compile ]; then : > "$out"; else sleep {delay}; cp '{library}' "$out"; fi
 """
 
 
-def copying_compiler(directory: Path) -> tuple[str, Path]:
+def copying_compiler(directory: Path, delay: float = 0) -> tuple[str, Path]:
     """A stand-in for ``CC`` whose "build" copies the library this test session built (``native_library()``, once
     per session and machine): for the tests of the cache's trust rules, which need a library built into a cache
     of their own, not another real compile of the same source. Returns the command and the log of its runs (one
-    line per compile step, ``link`` per library written)."""
+    line per compile step, ``link`` per library written). ``delay``: seconds each link takes, as a real build
+    takes its time (a concurrent first use then meets a build in progress)."""
     from geir.runtimes.onnxruntime import native_library, native_status
 
     library = native_library()
     assert library is not None, native_status()
     directory.mkdir(parents=True, exist_ok=True)
     compiler, log = directory / "copycc", directory / "copycc.log"
-    compiler.write_text(COPYING_COMPILER.format(library=library, log=log))
+    compiler.write_text(COPYING_COMPILER.format(library=library, log=log, delay=delay))
     compiler.chmod(0o755)
     return str(compiler), log
 

@@ -20,12 +20,18 @@ Trust rules for the cache (a library there runs its code inside this process):
 
 ``GEIR_NATIVE=0`` (or ``false``, ``no``, ``off``) disables it; when it cannot be built, loaded or
 proven, sessions run the ONNX function bodies instead and geir says so once (a GeirWarning).
-Initialisation is serialised: concurrent first callers all get the same answer.
+Initialisation is serialised: concurrent first callers all get the same answer. Across processes (pytest-xdist
+workers, several programs starting at once) a build holds an exclusive lock on a file beside the library, and a
+process that finds no valid library takes the lock and looks again before building: one process builds, the others
+wait and load its file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -38,6 +44,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +74,9 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std
 no variable-length array, whose size the data would set, on a stack of fixed size (scratch is on the heap)."""
 COMPILE_TIMEOUT_S = 300.0
 """A compiler that runs longer than this is stopped and the function bodies are used."""
+LOCK_TIMEOUT_S = COMPILE_TIMEOUT_S + 60.0
+"""How long a process waits for another one's build (its compile is stopped at COMPILE_TIMEOUT_S; a process
+stopped by a signal or a debugger could hold the lock for ever)."""
 MAX_LIBRARY_BYTES = 64 << 20
 """A cached file larger than this is not ours."""
 DISABLED = ("0", "false", "no", "off")
@@ -205,10 +215,51 @@ def _build() -> Path:
                          .encode()).hexdigest()[:16]
     directory = _trusted_dir()
     target = directory / f"libgeir_ort-{key}.so"
+    if _is_ours(target):
+        return target
+    with _build_lock(directory / f".{target.name}.lock"):
+        if _is_ours(target):   # another process built it while this one waited
+            return target
+        _compile_into(compiler, listing, directory, target)
+    return target
+
+
+def _is_ours(target: Path) -> bool:
+    """Whether ``target`` is a trusted file whose SHA-256 is the one recorded beside it when geir built it."""
     library = _read_trusted(target, MAX_LIBRARY_BYTES)
     recorded = _read_trusted(target.with_name(target.name + ".sha256"), 64)
-    if library is not None and recorded is not None and hashlib.sha256(library).hexdigest().encode() == recorded:
-        return target
+    return library is not None and recorded is not None and hashlib.sha256(library).hexdigest().encode() == recorded
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created private in the trusted cache directory, never followed
+    through a link): one process builds at a time; the lock goes with the process if it dies. Where the file
+    system has no locks (some network mounts) the build goes ahead unlocked: the rename keeps it safe, only not
+    single."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    break
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"another process has held the build lock {path} for over "
+                                       f"{LOCK_TIMEOUT_S:g} s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _compile_into(compiler: list[str], listing: str, directory: Path, target: Path) -> None:
+    """Build the library into a private temporary file, record its SHA-256, and rename it to ``target``."""
     _say_building(compiler)
     fd, temp = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
     os.close(fd)
@@ -223,7 +274,6 @@ def _build() -> Path:
         os.replace(temp, target)   # atomic: a concurrent reader finds a whole file or none
     finally:
         Path(temp).unlink(missing_ok=True)
-    return target
 
 
 def _compile(compiler: list[str], objects: Path, library: str, sources: list[Path]) -> None:

@@ -85,7 +85,7 @@ def test_geir_native_0_runs_the_function_bodies():
     assert result.stdout.strip() == "None function bodies only (disabled by GEIR_NATIVE=0) True"
 
 
-def test_unbuildable_library_falls_back_and_says_so_once():
+def test_unbuildable_library_falls_back_and_says_so_once(tmp_path):
     result = run_isolated("""
         import warnings
         warnings.simplefilter("always")
@@ -95,6 +95,6 @@ def test_unbuildable_library_falls_back_and_says_so_once():
             warnings.simplefilter("always")
             first, second = native_library(), native_library()
         print(first, second, len(caught), native_status())
-    """, env={"CC": "/bin/false", "GEIR_CACHE_DIR": "/tmp/geir-test-cache-empty"})
+    """, env={"CC": "/bin/false", "GEIR_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("None None 1 function bodies only (RuntimeError: /bin/false failed")
