@@ -15,6 +15,21 @@ settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "geir"))
 
 
+def _draw_no_constants_from_loaded_modules() -> None:
+    """Now and then Hypothesis draws a constant found in the source of the local modules loaded so far (geir's
+    own, in an editable install), so a derandomised test's examples would depend on which modules earlier tests
+    happened to import: other cases alone, in the whole suite, or in a pytest-xdist worker that ran other tests
+    first. Here it draws from Hypothesis's own constants only, so a test's examples follow from the test alone.
+    (A private hook of Hypothesis: tests/test_determinism.py fails if an upgrade moves it.)"""
+    from hypothesis.internal.conjecture import providers
+
+    if hasattr(providers, "_get_local_constants"):
+        providers._get_local_constants = lambda: providers.Constants()
+
+
+_draw_no_constants_from_loaded_modules()
+
+
 def pytest_configure(config) -> None:
     """Without a C compiler the native library cannot exist: its one fallback warning is expected then. MG-W2 (issue
     27, item 3: bfloat16 tokens with float32 probs are NaN on the device) is expected wherever a test sweeps the nine
