@@ -45,8 +45,9 @@ def run_op(op_type: str, inputs: dict[str, torch.Tensor | None], **attributes: A
 
 # -- execution modes of the training-step tests: add a mode here (its name, its wrapper in `compiled`) -------------
 
-MODES = ("eager", "inductor")
-"""How a training step runs: eager PyTorch, or ``torch.compile(fullgraph=True)`` with the default backend."""
+MODES = ("eager", "inductor", "geir")
+"""How a training step runs: eager PyTorch, ``torch.compile(fullgraph=True)`` with the default backend, or
+``torch.compile`` with geir's backend (``geir.torch.backend``: each graph exported, fused, checked and run by geir)."""
 COMPILED_MODES = frozenset(MODES) - {"eager"}
 """The modes that compile (tens of seconds each on two cores): the slow, models-extra runs only."""
 
@@ -59,6 +60,9 @@ def compiled(fn: Any, mode: str) -> Any:
         torch._dynamo.reset()   # each test compiles afresh (a shared step function would hit the recompile limit)
     if mode == "inductor":
         return torch.compile(fn, fullgraph=True)
+    if mode == "geir":   # static shapes: a data-dependent size (the MoE's per-expert counts) breaks the graph there
+        import geir.torch
+        return torch.compile(fn, backend=geir.torch.backend(), dynamic=False)
     raise ValueError(f"unknown execution mode {mode!r}: expected one of {', '.join(MODES)}")
 
 
@@ -69,5 +73,7 @@ def mode_params() -> list[Any]:
                  # dynamo instantiates a torch.autograd.Function it traces
                  pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
                  pytest.mark.filterwarnings("ignore:<class 'torch.autograd.function.Function'> should not be "
-                                            "instantiated:DeprecationWarning")]
+                                            "instantiated:DeprecationWarning"),
+                 # dynamo's own, when it resumes after a graph break (geir mode breaks at the MoE's counts)
+                 pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")]
     return [pytest.param(m, marks=compiling if m in COMPILED_MODES else [], id=m) for m in MODES]

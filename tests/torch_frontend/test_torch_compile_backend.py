@@ -204,3 +204,19 @@ def test_bad_backend_arguments_fail_when_the_backend_is_made():
         gt.backend(target="ascend999")
     with pytest.raises(Exception, match="tensorrt"):
         gt.backend(runtime="tensorrt")
+
+
+def test_bfloat16_top_k_runs_widened_and_selects_exactly_as_eager():
+    """torch exports TopK on bfloat16, which no ONNX opset it writes (<= 23) allows: the backend widens it to
+    float32 (exact) and narrows the values back, so values and indices equal eager's."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+
+    def select(x):
+        values, indices = torch.topk(x * 2, 5)
+        ordered, order = torch.sort(x, dim=-1)
+        return values, indices, ordered, order
+
+    backend = gt.backend()
+    got = torch.compile(select, backend=backend, fullgraph=True, dynamic=False)(x)
+    for a, b in zip(got, select(x)):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -104,7 +104,7 @@ class GeirBackend:
         if dynamic or any(not isinstance(d, int) for x in example_inputs for d in x.shape):
             raise GraphError(f"geir.torch.backend: the {report.kind} graph has dynamic sizes (inputs {dynamic or '?'}); "
                              "geir compiles static shapes: torch.compile(..., dynamic=False)")
-        if functional_rotary(graph_module.graph):
+        if functional_rotary(graph_module.graph) + _widen_bfloat16_selection(graph_module.graph):
             graph_module.recompile()
         total = len(_outputs_of(graph_module))
         kept = _drop_none_outputs(graph_module)
@@ -143,6 +143,36 @@ class _Runner:
                 array = array.copy()   # an output is never an input's memory, as a compiled graph's never is
             values[position] = to_torch(array)
         return values
+
+
+_SELECTIONS = ("topk", "sort")
+"""aten ops whose ONNX form (TopK) takes no bfloat16 before opset 24, newer than any torch exports (23): they
+select elements without arithmetic, so in float32 (an exact widening) they give the same values and order."""
+
+
+def _widen_bfloat16_selection(graph: torch.fx.Graph) -> int:
+    """Run each bfloat16 ``topk``/``sort`` on the input widened to float32 and narrow its values back; return how
+    many. Without it torch's exporter writes a TopK on bfloat16 that ONNX's own checker refuses."""
+    count = 0
+    for node in list(graph.nodes):
+        overload = node.target
+        if node.op != "call_function" or getattr(overload, "_opname", None) not in _SELECTIONS \
+                or getattr(overload, "namespace", None) != "aten":
+            continue
+        value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if value is None or value.dtype != torch.bfloat16:
+            continue
+        with graph.inserting_before(node):
+            wide = graph.call_function(torch.ops.aten._to_copy.default, (node.args[0],), {"dtype": torch.float32})
+        node.args = (wide, *node.args[1:])
+        for user in list(node.users):
+            if user.op == "call_function" and user.args[1] == 0:   # the values; index 1, the indices, is unchanged
+                with graph.inserting_after(user):
+                    narrow = graph.call_function(torch.ops.aten._to_copy.default, (user,),
+                                                 {"dtype": torch.bfloat16})
+                user.replace_all_uses_with(narrow, delete_user_cb=lambda use: use is not narrow)
+        count += 1
+    return count
 
 
 def _boxed(function: Callable[..., Any]) -> Callable[[list[Any]], Any]:
