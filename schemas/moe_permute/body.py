@@ -31,8 +31,9 @@ def permute_body(b: Body, spec: LoweringSpec) -> None:
     rows = b.where(b.op("LessOrEqual", n, b.const(0)), b.op("Add", n, count), n)
     rows = b.op("Max", b.op("Min", rows, count), b.const(0))                        # CANN's clamp to [0, M]
     kept = b.op("Slice", row2slot, b.ints(0), b.unsqueeze(rows, 0), b.ints(0))
-    topk = b.op("ReduceProd", b.op("Shape", "indices", start=1), keepdims=1)       # K; 1 for 1-D indices
-    topk = b.op("Max", topk, b.ints(1))       # K = 0 has no slots (kept is empty): never a division by zero
+    # max(K, 1): K of (T, K) indices, 1 for 1-D ones, and K = 0 (no slots, kept is empty) never divides by zero.
+    # ReduceMax, not a ReduceProd of the trailing dims: ONNX Runtime's CUDA provider has no int64 ReduceProd.
+    topk = b.op("ReduceMax", b.concat(b.op("Shape", "indices", start=1), b.ints(1)), keepdims=1)
     b.output("Gather", spec.out("permute_tokens"), "tokens", b.op("Div", kept, topk), axis=0)
 
 
