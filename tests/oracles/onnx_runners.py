@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -23,12 +25,14 @@ def with_float_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Outputs by name, bfloat16 ones back as ml_dtypes.bfloat16; bfloat16 feeds go in as OrtValues."""
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                    providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, np.ndarray]:
+    """Outputs by name, bfloat16 ones back as ml_dtypes.bfloat16; bfloat16 feeds go in as OrtValues. ``providers``:
+    ONNX Runtime's execution providers, in order of preference."""
     import onnxruntime as ort
 
     bf16_outputs = {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.BFLOAT16}
-    session = ort.InferenceSession(with_float_outputs(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(with_float_outputs(model).SerializeToString(), providers=list(providers))
     values = {}
     for name, array in feeds.items():
         if array.dtype == ml_dtypes.bfloat16:
