@@ -1,12 +1,18 @@
 """The README's code runs as written: its Python blocks, executed in order in one namespace (as a reader pastes
-them), and the printout it shows after the fusion example is what that example prints."""
+them), and the printout it shows after the fusion example is what that example prints; its pytest-xdist recipe on
+the README's own geir_runtime test (the ssh workers as local processes in a folder of their own)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -80,3 +86,45 @@ def test_every_command_and_option_in_the_readme_is_exercised_by_the_cli_tests():
         assert f'"{name}"' in tests, f"no CLI test runs geir {name}"
         for option in FLAG.findall(row):
             assert f'"{option}' in tests, f"no CLI test passes geir {name} {option}"
+
+
+SSH_WORKERS = re.compile(r"\d+\*ssh=[^/\s]+//python=(\S+?)//chdir=(\S+)")
+
+
+def _xdist_recipe() -> list[str]:
+    """The README's pytest-xdist commands (the bash block with ``--tx``), continuation lines joined."""
+    block = next(b for b in _blocks("bash") if "--tx" in b)
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _on_this_machine(command: str, python: str, away: Path) -> str:
+    """``command`` with each ``N*ssh=HOST//python=...//chdir=DIR`` worker made one local process that runs from
+    ``away`` with this Python: the same copy of the tests (--rsyncdir) and the same chdir, without ssh."""
+    assert SSH_WORKERS.search(command), command
+    return SSH_WORKERS.sub(f"1*popen//python={python}//chdir={away}", command)
+
+
+@pytest.mark.slow   # starts five pytest-xdist workers, each importing geir: about 40 s on two cores
+def test_the_xdist_recipe_runs_the_readme_matrix_on_workers(tmp_path):
+    """The local command as written, and the ssh one with its ssh workers as local processes in a folder of their
+    own, on the README's geir_runtime test as the matrix; a scratch native cache, filled by the stand-in compiler."""
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (the test extra has it)")
+    from native_helpers import copying_compiler, links
+
+    local, remote = _xdist_recipe()
+    assert local.startswith("pytest -n auto ") and "--rsyncdir" in remote
+    project, away = tmp_path / "project", tmp_path / "box1"
+    (project / "tests").mkdir(parents=True)
+    matrix = next(b for b in _blocks("python") if "def test_rope_grad(geir_runtime" in b)
+    (project / "tests" / "test_matrix.py").write_text(matrix)
+    compiler, log = copying_compiler(tmp_path / "bin")
+    scripts = str(Path(sys.executable).parent)      # this environment's pytest first, as an activated venv has it
+    env = {k: v for k, v in os.environ.items() if k != "PWD"}         # bash sets $PWD to the project
+    env.update(PATH=scripts + os.pathsep + env.get("PATH", ""), CC=compiler, GEIR_CACHE_DIR=str(tmp_path / "cache"))
+    for command in (local, _on_this_machine(remote, sys.executable, away)):
+        result = subprocess.run(["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        assert re.search(r"\b2 passed\b", result.stdout), result.stdout[-3000:]    # numpy and onnxruntime
+    assert (away / "tests" / "test_matrix.py").read_text() == matrix             # --rsyncdir copied the tests there
+    assert links(log) == 1                                                        # one build for every worker
