@@ -19,6 +19,9 @@ class Measurement:
     baseline: bool = False
     targets: tuple[tuple[str, float], ...] = ()
     """(baseline row of the same case, the most this row may cost as a multiple of that row's time)."""
+    overheads: tuple[tuple[str, float], ...] = ()
+    """(baseline row of the same case, the most seconds this row may take beyond that row's time): a fixed cost per
+    call, which a ratio cannot state for calls that do almost nothing."""
     beat_torch: bool = False
     also: tuple[tuple[Callable[[], Callable[[], object]], float], ...] = ()
     """Other ways to do the same work: (a factory of the call, the work it does); each is made, timed and let go

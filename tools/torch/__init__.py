@@ -1,8 +1,11 @@
 """``geir.torch``: torch_npu's calls for geir's ops, computed on the CPU by geir's NumPy kernels.
 
 Each function is a ``torch.library`` custom op in the ``geir`` namespace (``torch.ops.geir.<name>``) with a fake
-kernel (FakeTensor tracing, ``torch.compile(fullgraph=True)``) and, where op-plugin has one, autograd. Imported only
-on request (``import geir.torch``): ``import geir`` never imports torch.
+kernel (FakeTensor tracing, ``torch.compile(fullgraph=True)``) and, where op-plugin has one, autograd. The names here
+are those ops' signatures as plain functions (``fn.op`` is the op): a plain eager call (CPU tensors, no gradient to
+record, no mode, transform or tracer) runs the op's body without torch's dispatcher, which would only add its cost;
+every other call goes to the op (``_eager``). Imported only on request (``import geir.torch``): ``import geir`` never
+imports torch.
 
 ``onnx_translation_table()`` / ``export_onnx()`` export a model calling them to ONNX with ``ai.cann`` nodes, and
 ``backend()`` is a ``torch.compile`` backend running the model as a fused, target-checked geir graph.

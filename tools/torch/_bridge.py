@@ -27,13 +27,14 @@ from ...ir._core import Node
 from ...ir._dtypes import as_dtype
 from ...ir._errors import ExecutionError, GraphError, SourceLocation
 from ...ir._schema import OpSchema
-from ...runtimes._checks import validate_node_data
 from ...runtimes.numpy._kernels import kernel_for
+from ...schemas import DataContext
 from ..builder import GraphBuilder
 
-__all__ = ["Prepared", "call", "prepare", "to_numpy", "to_torch"]
+__all__ = ["Prepared", "call", "prepare", "signature_key", "to_numpy", "to_torch"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+_TORCH_BF16 = torch.bfloat16
 _F64 = np.dtype(np.float64)
 MAX_PREPARED = 4096
 """Call signatures kept (the cache is emptied when full)."""
@@ -41,11 +42,12 @@ MAX_PREPARED = 4096
 
 def to_numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (no copy; strides kept); ExecutionError for any other device."""
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ExecutionError(f"geir.torch: '{name}' is a {tensor.device.type} tensor ({tensor.device}): geir computes "
                              "on the CPU only (no GPU path yet); move it with .cpu()")
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.dtype is _TORCH_BF16:
         return tensor.view(torch.int16).numpy().view(_BF16)
     return tensor.numpy()
 
@@ -64,20 +66,36 @@ class Prepared:
     node: Node
     kernel: Callable[..., Any]
     attributes: dict[str, Any]
+    quiet_kernel: Callable[..., Any]
+    """``kernel`` under ``np.errstate(all="ignore")`` (inf and NaN are IEEE results, as the NumPy runtime gives
+    them), wrapped once: the decorator form makes no context-manager object per call and is safe across threads."""
+    data_rules: Callable[[Sequence[np.ndarray | None]], None] | None
+    """The op's data rules on a call's arrays, as ``validate_node_data`` runs them on host arrays (the same
+    ``validate`` on the same ``DataContext``) with the node's schema looked up once; None for an op without."""
 
 
 _PREPARED: dict[tuple[Any, ...], Prepared] = {}
 
 
-def _frozen(value: Any) -> Any:
-    return tuple(value) if isinstance(value, (list, tuple)) else value
+def signature_key(schema: OpSchema, arrays: Sequence[np.ndarray | None],
+                  attributes: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a call's checks depend on: the op, each input's dtype and shape (or its absence), the attributes.
+
+    A flat tuple built in one loop: this runs on every call, and nested generator expressions cost three times as
+    much. Lists (unhashable) become tuples; attribute names are in it, so an attribute left out is told apart."""
+    key: list[Any] = [schema.op_type]
+    for a in arrays:
+        key.append(None if a is None else (a.dtype, a.shape))
+    for name, value in attributes.items():
+        key.append(name)
+        key.append(tuple(value) if type(value) is list else value)
+    return tuple(key)
 
 
 def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any]) -> Prepared:
     """The checked signature of a call of ``schema`` on arrays of these dtypes and shapes (GraphError if a rule of
     the op refuses it; a warning rule warns on the first call only, as a graph warns when built once)."""
-    key = (schema.op_type, tuple(None if a is None else (a.dtype, a.shape) for a in arrays),
-           tuple((k, _frozen(v)) for k, v in attributes.items()))
+    key = signature_key(schema, arrays, attributes)
     found = _PREPARED.get(key)
     if found is not None:
         return found
@@ -89,8 +107,19 @@ def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: M
     assert kernel is not None, schema.op_type
     if len(_PREPARED) >= MAX_PREPARED:
         _PREPARED.clear()
-    prepared = _PREPARED[key] = Prepared(node, kernel, dict(node.attributes))
+    attributes = dict(node.attributes)
+    prepared = _PREPARED[key] = Prepared(node, kernel, attributes, np.errstate(all="ignore")(kernel),
+                                         _data_rules(node, attributes))
     return prepared
+
+
+def _data_rules(node: Node, attributes: dict[str, Any]) -> Callable[[Sequence[np.ndarray | None]], None] | None:
+    schema = node.schema
+    validate = schema.validate
+    if validate is None:
+        return None
+    name, location = node.name, node.location
+    return lambda arrays: validate(DataContext(schema, name, arrays, attributes, location=location))
 
 
 def _one_node_graph(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any]) -> Node:
@@ -131,14 +160,14 @@ def _caller() -> SourceLocation | None:
 def call(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: Mapping[str, Any],
          **extra: Any) -> Any:
     """Check and run ``schema``'s NumPy kernel on ``arrays`` (``extra``: ``out=`` for the in-place ops)."""
-    prepared = prepare(schema, arrays, attributes)
-    node = prepared.node
-    validate_node_data(node, arrays, prepared.attributes)
+    prepared = _PREPARED.get(signature_key(schema, arrays, attributes)) or prepare(schema, arrays, attributes)
+    if prepared.data_rules is not None:
+        prepared.data_rules(arrays)
     try:
-        with np.errstate(all="ignore"):   # inf and NaN are IEEE results, as the NumPy runtime gives them
-            return prepared.kernel(*arrays, **prepared.attributes, **extra)
+        return prepared.quiet_kernel(*arrays, **prepared.attributes, **extra)
     except ExecutionError:
         raise
     except Exception as exc:
+        node = prepared.node
         raise ExecutionError(f"While executing {node.op_type} (geir.torch): {type(exc).__name__}: {exc}",
                              node=node.name) from exc

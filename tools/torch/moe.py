@@ -209,3 +209,16 @@ def _permute_backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor 
 
 
 npu_moe_token_permute.register_autograd(_permute_backward, setup_context=_permute_setup)
+
+
+# -- the public names: each op's body straight from plain eager calls, the op itself otherwise (``_eager``) ----------
+from ._eager import eager_first, registered_body  # noqa: E402
+
+npu_moe_token_unpermute = eager_first("npu_moe_token_unpermute", registered_body(npu_moe_token_unpermute), __name__)
+npu_moe_token_unpermute_grad = eager_first("npu_moe_token_unpermute_grad",
+                                           registered_body(npu_moe_token_unpermute_grad), __name__)
+npu_moe_token_unpermute_grad_v2 = eager_first("npu_moe_token_unpermute_grad_v2",
+                                              registered_body(npu_moe_token_unpermute_grad_v2), __name__)
+npu_moe_token_permute = eager_first("npu_moe_token_permute", registered_body(npu_moe_token_permute), __name__)
+npu_moe_token_permute_grad_v2 = eager_first("npu_moe_token_permute_grad_v2",
+                                            registered_body(npu_moe_token_permute_grad_v2), __name__)

@@ -116,3 +116,15 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
 
 
 partial_rotary_mul.register_autograd(_backward, setup_context=_setup)
+
+
+# -- the public names: each op's body straight from plain eager calls, the op itself otherwise (``_eager``) ----------
+from ._eager import eager_first, registered_body  # noqa: E402
+
+inplace_partial_rotary_mul = eager_first("inplace_partial_rotary_mul", registered_body(inplace_partial_rotary_mul),
+                                         __name__)
+inplace_partial_rotary_mul_backward = eager_first("inplace_partial_rotary_mul_backward",
+                                                  registered_body(inplace_partial_rotary_mul_backward), __name__)
+partial_rotary_mul = eager_first("partial_rotary_mul", registered_body(partial_rotary_mul), __name__)
+partial_rotary_mul_backward = eager_first("partial_rotary_mul_backward", registered_body(partial_rotary_mul_backward),
+                                          __name__)

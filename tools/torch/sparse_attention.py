@@ -188,3 +188,14 @@ def _(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, d_out: 
     return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
             query.new_empty((0,)) if query_rope is None else torch.empty_like(query_rope),
             key.new_empty((0,)) if key_rope is None else torch.empty_like(key_rope))
+
+
+# -- the public names: each op's body straight from plain eager calls, the op itself otherwise (``_eager``); torch_npu's
+# keyword-only form calls the positional op's body, as its CompositeImplicitAutograd kernel calls the positional op --
+from ._eager import eager_first, registered_body  # noqa: E402
+
+npu_sparse_flash_attention = eager_first("npu_sparse_flash_attention", registered_body(sparse_flash_attention),
+                                         __name__)
+sparse_flash_attention = eager_first("sparse_flash_attention", registered_body(sparse_flash_attention), __name__)
+npu_sparse_flash_attention_grad = eager_first("npu_sparse_flash_attention_grad",
+                                              registered_body(npu_sparse_flash_attention_grad), __name__)
