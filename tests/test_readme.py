@@ -34,7 +34,18 @@ def _blocks(kind: str) -> list[str]:
 
 
 def test_the_readme_starts_with_the_install_and_test_commands():
-    assert _blocks("bash")[0].splitlines() == ['pip install -e ".[test]" && geir demo', "pytest"]
+    assert _blocks("bash")[0].splitlines() == ['pip install -e ".[test]" && geir demo', "pytest -n auto"]
+
+
+def test_ci_runs_the_readme_commands_exactly():
+    """.ci/run's readme step is a user following the README: its commands are the README's first block, in order."""
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    step = ci[ci.index("\nreadme() {"):]
+    step = step[: step.index("\n}\n")]
+    lines = [line.strip() for line in step.splitlines()]
+    first = _blocks("bash")[0].splitlines()
+    start = lines.index(first[0])
+    assert lines[start: start + len(first)] == first, step
 
 
 def test_every_python_block_runs_and_prints_what_the_readme_shows(tmp_path, monkeypatch):
