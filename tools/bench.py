@@ -27,6 +27,7 @@ from ..schemas.rotary.examples import RotaryCase
 
 from ._table import format_table
 from .bench_rows import Measurement
+from .bench_torch_peers import torch_moe_grad, torch_rotary_grad, torch_sfa_grad
 from .bench_onnx import import_measurements, onnx_run_measurements
 from .bench_models import model_measurements, models_available
 from .model_io import CommandError
@@ -171,16 +172,6 @@ def naive_rotary_grad(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, start: i
     return out
 
 
-def torch_rotary_grad(torch, dy, cos, sin, start: int, end: int):
-    out = dy.clone()
-    g, c, n = dy[..., start:end].float(), cos.float(), sin.float()
-    y = torch.empty_like(g)
-    y[..., 0::2] = c[..., 0::2] * g[..., 0::2] + n[..., 1::2] * g[..., 1::2]
-    y[..., 1::2] = c[..., 1::2] * g[..., 1::2] - n[..., 0::2] * g[..., 0::2]
-    out[..., start:end] = y.to(dy.dtype)
-    return out
-
-
 def _as_torch(torch, array: np.ndarray):
     import ml_dtypes
 
@@ -233,15 +224,6 @@ def naive_moe_grad(tokens: np.ndarray, grad: np.ndarray, indices: np.ndarray, pr
     return out, pg.astype(probs.dtype)
 
 
-def torch_moe_grad(torch, tokens, grad, indices, probs):
-    n, topk = probs.shape
-    rows = indices.long()
-    out = torch.empty(indices.numel(), grad.shape[1], dtype=grad.dtype)
-    out[rows] = (grad.float()[:, None, :] * probs.float()[:, :, None]).reshape(indices.numel(), -1).to(grad.dtype)
-    pg = (tokens.float()[rows.view(n, topk)] * grad.float()[:, None, :]).sum(-1)
-    return out, pg.to(probs.dtype)
-
-
 def _moe_case(spec: MoeCase, compiled: bool) -> list[Measurement]:
     """One case's measurements; a function of its own so every closure binds this case's arrays."""
     torch = _torch()
@@ -272,28 +254,6 @@ def moe_measurements(quick: bool) -> list[Measurement]:
 
 
 # -- sparse flash attention --------------------------------------------------------------------------
-def torch_sfa_grad(torch, f: dict, scale: float):
-    """The grad's math for B=1, N2=1, block 1, sparse_mode 0 in PyTorch eager (gather, bmm, index_add)."""
-    q = torch.cat([f["query"], f["query_rope"]], -1).float()[0]                  # (S1, N1, Dq)
-    k = torch.cat([f["key"], f["key_rope"]], -1).float()[0, :, 0]                # (S2, Dq)
-    v = f["value"].float()[0, :, 0]
-    rows = f["sparse_indices"][0, :, 0].long()                                  # (S1, K)
-    kg, vg = k[rows], v[rows]
-    scores = torch.bmm(q, kg.transpose(1, 2)) * scale
-    m, l = f["softmax_max"][0, 0][..., None], f["softmax_sum"][0, 0][..., None]  # (S1, N1, 1)
-    p = torch.exp(scores - m) / l
-    d_o, o = f["d_out"].float()[0], f["out"].float()[0]
-    dt = f["query"].dtype
-    d_v = torch.bmm(p.to(dt).float().transpose(1, 2), d_o)
-    d_s = p * (torch.bmm(d_o, vg.transpose(1, 2)) - (d_o * o).sum(-1, keepdim=True))
-    d_s = d_s.to(dt).float()
-    d_q = scale * torch.bmm(d_s, kg)
-    d_k = torch.zeros_like(k).index_add_(0, rows.reshape(-1), (scale * torch.bmm(d_s.transpose(1, 2), q)).reshape(
-        -1, k.shape[1]))
-    d_vv = torch.zeros_like(v).index_add_(0, rows.reshape(-1), d_v.reshape(-1, v.shape[1]))
-    return d_q.to(dt), d_k.to(dt), d_vv.to(dt)
-
-
 def sfa_measurements(quick: bool) -> list[Measurement]:
     return _sfa_case(sparse_attention.examples.BENCH["quick" if quick else "bench"], not quick)
 

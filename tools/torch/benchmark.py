@@ -35,7 +35,7 @@ from ...schemas.moe_permute.schema import FORWARD as PERMUTE, GRAD as PERMUTE_GR
 from ...schemas.rotary.examples import RotaryCase
 from ...schemas.sparse_attention.examples import SfaCase
 from .. import torch as gt
-from ..bench import torch_moe_grad, torch_sfa_grad
+from ..bench_torch_peers import torch_moe_grad, torch_sfa_grad
 from ..bench_rows import Measurement
 from ..builder import GraphBuilder
 from ..facade import run
