@@ -220,3 +220,17 @@ def test_bfloat16_top_k_runs_widened_and_selects_exactly_as_eager():
     got = torch.compile(select, backend=backend, fullgraph=True, dynamic=False)(x)
     for a, b in zip(got, select(x)):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")   # dynamo's, not ours
+def test_a_refused_backward_falls_back_with_its_gradients_in_place():
+    """The backward graph returns None for cos and sin; falling back must run it as AOTAutograd handed it (not the
+    copy geir edited for export), or the gradient would land on the wrong input."""
+    g = torch.Generator().manual_seed(6)
+    inputs = [torch.randn(1, 8, 2, 16, generator=g).requires_grad_(), torch.randn(1, 8, 1, 16, generator=g),
+              torch.randn(1, 8, 1, 16, generator=g)]
+    backend = gt.backend(target="ascend910b", fallback=True)   # the grad kernel exists on ascend950 only (RP-T1)
+    with pytest.warns(geir.GeirWarning, match="backward graph runs eagerly.*RP-T1"):
+        _compare(backend, lambda x, c, s: (_RotaryFunction.apply(x, c, s) * 3).sum(), inputs, 1e-6)
+    kinds = {r.kind: r for r in backend.reports}
+    assert kinds["forward"].fallback is None and kinds["backward"].fallback is not None

@@ -15,6 +15,7 @@ why; so does a graph geir cannot take (an op with no ONNX translation, dynamic s
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -87,8 +88,9 @@ class GeirBackend:
         def compile_graph(graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             report = CompiledGraph(kind)
             self.reports.append(report)
-            try:
-                return self._compile(graph_module, example_inputs, report)
+            try:   # on a copy: the fallback runs the graph exactly as AOTAutograd handed it
+                work = torch.fx.GraphModule(graph_module, copy.deepcopy(graph_module.graph))
+                return self._compile(work, example_inputs, report)
             except GraphError as exc:
                 if not self.fallback:
                     raise
