@@ -27,7 +27,8 @@ __all__ = ["npu_moe_token_permute", "npu_moe_token_permute_grad_v2", "npu_moe_to
 Tensor = torch.Tensor
 
 
-def _shape_attribute(restore_shape: Sequence[int] | None) -> dict[str, Any]:
+def shape_attribute(restore_shape: Sequence[int] | None) -> dict[str, Any]:
+    """``restore_shape`` as the op's attribute; None (torch_npu's default) leaves the op's own default."""
     return {} if restore_shape is None else {"restore_shape": list(restore_shape)}
 
 
@@ -40,7 +41,7 @@ def npu_moe_token_unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, pro
     """``out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*K + k]]`` (MoeTokenUnpermute)."""
     arrays = [to_numpy(permuted_tokens, "permuted_tokens"), to_numpy(sorted_indices, "sorted_indices"),
               None if probs is None else to_numpy(probs, "probs")]
-    out = call(unpermute_schemas.FORWARD, arrays, {"padded_mode": padded_mode, **_shape_attribute(restore_shape)})
+    out = call(unpermute_schemas.FORWARD, arrays, {"padded_mode": padded_mode, **shape_attribute(restore_shape)})
     return to_torch(out)
 
 
@@ -69,7 +70,7 @@ def npu_moe_token_unpermute_grad(permuted_tokens: Tensor, grad_unpermuted_tokens
     zeros of shape (tokens, 1), as ``geir.run`` gives them."""
     arrays = _grad_arrays(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs)
     rows, weights = call(unpermute_schemas.GRAD, arrays, {"padded_mode": padded_mode,
-                                                          **_shape_attribute(restore_shape)})
+                                                          **shape_attribute(restore_shape)})
     return to_torch(rows), to_torch(weights)
 
 
@@ -110,7 +111,7 @@ def npu_moe_token_unpermute_grad_v2(grad_unpermuted_tokens: Tensor, sorted_indic
             (slots - rows, *permuted_tokens.shape[1:]))])
     arrays = _grad_arrays(permuted_tokens, grad, sorted_indices, probs)
     out, weights = call(unpermute_schemas.GRAD, arrays, {"padded_mode": padded_mode,
-                                                         **_shape_attribute(restore_shape)})
+                                                         **shape_attribute(restore_shape)})
     tokens_grad = to_torch(out)
     if rows < slots:
         tokens_grad = tokens_grad[:rows].clone()

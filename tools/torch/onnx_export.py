@@ -30,7 +30,8 @@ from ...ir._core import CANN_DOMAIN, Graph
 from ...ir._errors import GraphError
 from ...ir._files import write_file
 from ..onnx_import import from_onnx
-from .rotary import ROTARY_MODES
+from .moe import shape_attribute
+from .rotary import rotary_attributes
 
 __all__ = ["export_onnx", "functional_rotary", "onnx_translation_table", "quiet_exporter", "to_graph"]
 
@@ -56,10 +57,7 @@ def _empty_like_dtype(like: Any) -> Any:
 
 
 def _unpermute_attributes(padded_mode: bool, restore_shape: Sequence[int] | None) -> dict[str, Any]:
-    attributes: dict[str, Any] = {"padded_mode": bool(padded_mode)}
-    if restore_shape is not None:
-        attributes["restore_shape"] = [int(d) for d in restore_shape]
-    return attributes
+    return {"padded_mode": bool(padded_mode), **shape_attribute(restore_shape)}
 
 
 def _unpermute(permuted_tokens: Any, sorted_indices: Any, probs: Any = None, padded_mode: bool = False,
@@ -149,22 +147,14 @@ def _attention_grad(query: Any, key: Any, value: Any, sparse_indices: Any, d_out
             d_kr if key_rope is not None else _empty_like_dtype(key))
 
 
-def _rotary_attributes(op_name: str, rotary_mode: str, partial_slice: Sequence[int]) -> dict[str, Any]:
-    mode = ROTARY_MODES.get(rotary_mode)
-    if mode is None:
-        raise GraphError(f"[RP-S4] {op_name}: attribute 'rotary_mode': expected one of "
-                         f"{', '.join(repr(m) for m in ROTARY_MODES)}, got {rotary_mode!r}", rule="RP-S4")
-    return {"rotary_mode": mode, "partial_slice": [int(d) for d in partial_slice]}
-
-
 def _rotary(x: Any, r1: Any, r2: Any, rotary_mode: str = "interleave", partial_slice: Sequence[int] = (0, 0)) -> Any:
-    return _CANN.InplacePartialRotaryMul(x, r1, r2, **_rotary_attributes("partial_rotary_mul", rotary_mode,
+    return _CANN.InplacePartialRotaryMul(x, r1, r2, **rotary_attributes("partial_rotary_mul", rotary_mode,
                                                                          partial_slice))
 
 
 def _rotary_grad(grad_output: Any, r1: Any, r2: Any, rotary_mode: str = "interleave",
                  partial_slice: Sequence[int] = (0, 0)) -> Any:
-    return _CANN.InplacePartialRotaryMulGrad(grad_output, r1, r2, **_rotary_attributes(
+    return _CANN.InplacePartialRotaryMulGrad(grad_output, r1, r2, **rotary_attributes(
         "partial_rotary_mul_backward", rotary_mode, partial_slice))
 
 

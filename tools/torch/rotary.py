@@ -32,7 +32,8 @@ ROTARY_MODES = {name: mode for mode, name in schemas.ROTARY_MODES.items()}
 _KEYWORDS = '*, str rotary_mode="interleave", int[2] partial_slice=[0, 0]'
 
 
-def _attributes(op: str, rotary_mode: str, partial_slice: Sequence[int]) -> dict[str, Any]:
+def rotary_attributes(op: str, rotary_mode: str, partial_slice: Sequence[int]) -> dict[str, Any]:
+    """The op's attributes for the extension's mode string (RP-S4 GraphError for an unknown one)."""
     mode = ROTARY_MODES.get(rotary_mode)
     if mode is None:
         raise GraphError(f"[RP-S4] {op}: attribute 'rotary_mode': expected one of "
@@ -43,7 +44,7 @@ def _attributes(op: str, rotary_mode: str, partial_slice: Sequence[int]) -> dict
 def _rotate(schema: Any, op: str, x: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str,
             partial_slice: Sequence[int]) -> None:
     arrays = [to_numpy(x, schema.inputs[0].name), to_numpy(r1, "r1"), to_numpy(r2, "r2")]
-    call(schema, arrays, _attributes(op, rotary_mode, partial_slice), out=arrays[0])
+    call(schema, arrays, rotary_attributes(op, rotary_mode, partial_slice), out=arrays[0])
 
 
 @torch.library.custom_op("geir::inplace_partial_rotary_mul", mutates_args=("x",),
