@@ -18,7 +18,6 @@ import numpy as np
 from ..ir._core import Graph
 from .builder import GraphBuilder
 from .facade import fuse
-from ..ir._files import replacing
 from ..runtimes import get_runtime, runtime_names
 from ..ir._registry import get_schema
 from ..schemas import FAMILIES, BenchCase, moe, rotary, sparse_attention
@@ -26,7 +25,8 @@ from ..schemas.moe.examples import MoeCase
 from ..schemas.rotary.examples import RotaryCase
 
 from ._table import format_table
-from .bench_rows import Measurement
+from .bench_plot import bars, draw, pyplot
+from .bench_rows import Measurement, verdicts
 from .bench_torch_peers import torch_moe_grad, torch_rotary_grad, torch_sfa_grad
 from .bench_onnx import import_measurements, onnx_run_measurements
 from .bench_models import model_measurements, models_available
@@ -392,16 +392,21 @@ SUITES: dict[str, Callable[[bool], list[Measurement]]] = {
     "onnx-run": onnx_run_measurements, "models": model_measurements, "torch": torch_measurements}
 
 
-def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progress=None, plot: str | None = None) -> str:
-    """Measure the suites, with a progress bar on ``progress`` (default: stderr); return one table (and with
-    ``plot``, draw the ratios to that PNG file; matplotlib is checked for before anything runs)."""
+def run_benchmarks(names: list[str] | None = None, quick: bool = False, repeat: int = 5, progress=None,
+                   plot: str | None = None) -> str:
+    """Measure the suites ``names`` (None: every suite, as a bare ``geir bench`` runs them, leaving out the torch suite
+    without PyTorch, as a note says), with a progress bar on ``progress`` (default: stderr); return one table (and
+    with ``plot``, draw the ratios to that PNG file; matplotlib is checked for before anything runs). A suite named
+    explicitly is run as asked: the torch suite without PyTorch is a CommandError."""
     if plot is not None:
-        _pyplot()
+        pyplot()
     progress = sys.stderr if progress is None else progress
     skipped = []
-    if "torch" in names and names == list(SUITES) and _torch() is None:   # every suite, as `geir bench` runs them
-        names, skipped = [n for n in names if n != "torch"], ["torch: no rows, it needs PyTorch (pip install -e "
-                                                               "'.[models]')"]
+    if names is None:
+        names = list(SUITES)
+        if "torch" in names and _torch() is None:
+            names, skipped = [n for n in names if n != "torch"], ["torch: no rows, it needs PyTorch (pip install -e "
+                                                                   "'.[models]')"]
     plan: list[Measurement] = []
     for name in names:
         plan += SUITES[name](quick)
@@ -427,12 +432,11 @@ def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progr
     torch_time = {(m.op, m.case): t for m, t in zip(plan, times) if m.name == "PyTorch eager"}
     cost = {(m.case, m.name): t / m.work for m, t in zip(plan, times)}     # time per byte, flop or call
     seconds = {(m.case, m.name): t for m, t in zip(plan, times)}
-    rows, verdicts = [], []
-    for m, t, ratio in zip(plan, times, ratios):
-        marks = _target_marks(m, t, cost, torch_time.get((m.op, m.case)), seconds)
-        verdicts += [mark.startswith("MET") for mark in marks]
-        rows.append((m.op, m.case, m.name, f"{t * 1e3:.2f}", f"{m.work / t / 1e9:.4g} {m.unit}",
-                     "-" if ratio is None else f"{ratio:.2f}x", "; ".join(marks) or "-"))
+    judged = [verdicts(m, t, cost, torch_time.get((m.op, m.case)), seconds) for m, t in zip(plan, times)]
+    rows = [(m.op, m.case, m.name, f"{t * 1e3:.2f}", f"{m.work / t / 1e9:.4g} {m.unit}",
+             "-" if ratio is None else f"{ratio:.2f}x", "; ".join(v.text for v in row) or "-")
+            for m, t, ratio, row in zip(plan, times, ratios, judged)]
+    met = [v.met for row in judged for v in row]
     from ..runtimes.onnxruntime import native_status
 
     notes = [f"onnxruntime: {native_status()}",
@@ -445,60 +449,7 @@ def run_benchmarks(names: list[str], quick: bool = False, repeat: int = 5, progr
              "faster; the float32 matmul; the bare call); target: the row it is held to and the most it may "
              "cost per unit of work against it"]
     if plot is not None:
-        _draw(plot, [(f"{m.op} {m.case}\n{m.name}", r) for m, r in zip(plan, ratios) if r is not None and not m.baseline])
+        draw(plot, bars(zip(plan, times, ratios, judged)))
         notes.append(f"plot: {plot}")
-    summary = f"targets: {sum(verdicts)} met, {len(verdicts) - sum(verdicts)} missed (of {len(verdicts)})"
+    summary = f"targets: {sum(met)} met, {len(met) - sum(met)} missed (of {len(met)})"
     return "\n".join(notes) + "\n" + format_table(HEADERS, rows) + "\n" + summary
-
-
-def _target_marks(m: Measurement, t: float, cost: dict[tuple[str, str], float], torch_t: float | None,
-                  seconds: dict[tuple[str, str], float] | None = None) -> list[str]:
-    """'MET'/'MISSED' for each stated target of a row: at most X times its baseline row's time per unit of work
-    (so '>= 50 % of the matmul's FLOP rate' is '<= 2x its time per flop'), at most S seconds over its baseline row's
-    time (a fixed cost per call), and faster than PyTorch."""
-    marks = []
-    for baseline, limit in m.targets:
-        base = cost.get((m.case, baseline))
-        if base is not None:
-            multiple = t / m.work / base
-            marks.append(f"{'MET' if multiple <= limit else 'MISSED'} <= {limit:.3g}x {baseline} ({multiple:.2f}x)")
-    for baseline, limit in m.overheads:
-        base_t = (seconds or {}).get((m.case, baseline))
-        if base_t is not None:
-            extra = t - base_t
-            marks.append(f"{'MET' if extra <= limit else 'MISSED'} <= {limit * 1e6:.3g} us over {baseline} "
-                         f"({extra * 1e6:+.1f} us)")
-    if m.beat_torch and torch_t is not None:
-        marks.append(f"{'MET' if t < torch_t else 'MISSED'} faster than PyTorch eager ({t / torch_t:.2f}x)")
-    return marks
-
-
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise CommandError("--plot needs matplotlib: pip install matplotlib (or pip install -e \".[plot]\")") from None
-    return plt
-
-
-def _draw(path: str, bars: list[tuple[str, float]]) -> None:
-    """A horizontal bar per measurement: its time as a multiple of its case's baseline (log scale)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, max(3, 0.32 * len(bars))))
-    ax.barh(range(len(bars)), [r for _, r in bars], color="#4C72B0")
-    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=6)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.axvline(NATIVE_TARGET, color="#C44E52", linewidth=0.8, linestyle="--", label=f"target {NATIVE_TARGET}x")
-    ax.set_xlabel("time / baseline (copy of the same bytes, or the float32 matmul)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        with replacing(path) as f:                  # the whole picture or the file as it was
-            fig.savefig(f, format="png", dpi=120)
-    finally:
-        plt.close(fig)

@@ -201,7 +201,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")
     if args.plot is not None and (missing := missing_directory(args.plot)):   # before minutes of measuring
         raise CommandError(f"--plot {args.plot!r}: {missing}")
-    table = run_benchmarks(args.suite or list(SUITES), quick=args.quick, repeat=args.repeat, plot=args.plot)
+    table = run_benchmarks(args.suite or None, quick=args.quick, repeat=args.repeat, plot=args.plot)
     print(table)
     return 0
 

@@ -271,7 +271,7 @@ def test_bench_plot_that_fails_to_draw_keeps_the_old_picture(tmp_path, monkeypat
     """The bar chart goes through the same helper: a savefig that fails half way leaves the old file."""
     from types import SimpleNamespace
 
-    from geir.tools import bench
+    from geir.tools import bench_plot
 
     def savefig(target, **kwargs):       # writes half a PNG, then fails as a full disk would
         if isinstance(target, (str, os.PathLike)):
@@ -281,16 +281,15 @@ def test_bench_plot_that_fails_to_draw_keeps_the_old_picture(tmp_path, monkeypat
             target.write(b"\x89PNG half")
         raise OSError(28, "No space left on device")
 
-    axes = SimpleNamespace(**{name: (lambda *a, **k: None) for name in (
-        "barh", "set_yticks", "invert_yaxis", "set_xscale", "axvline", "set_xlabel", "legend")})
     figure = SimpleNamespace(tight_layout=lambda: None, savefig=savefig)
-    closed = []
+    closed, axes = [], object()
     plt = SimpleNamespace(subplots=lambda **k: (figure, axes), close=closed.append)
-    monkeypatch.setattr(bench, "_pyplot", lambda: plt)
+    monkeypatch.setattr(bench_plot, "pyplot", lambda: plt)
+    monkeypatch.setattr(bench_plot, "_plot", lambda ax, slots: None)       # what is drawn is not the point here
     picture = tmp_path / "ratios.png"
     picture.write_bytes(b"old picture")
     with pytest.raises(OSError, match="No space left"):
-        bench._draw(str(picture), [("a", 1.0)])
+        bench_plot.draw(str(picture), [bench_plot.Bar("Op", "a", 1.0, (), "no target")])
     assert picture.read_bytes() == b"old picture" and [p.name for p in tmp_path.iterdir()] == ["ratios.png"]
     assert closed == [figure]
 
