@@ -8,7 +8,8 @@ every other call goes to the op (``_eager``). Imported only on request (``import
 imports torch.
 
 ``onnx_translation_table()`` / ``export_onnx()`` export a model calling them to ONNX with ``ai.cann`` nodes, and
-``backend()`` is a ``torch.compile`` backend running the model as a fused, target-checked geir graph.
+``backend()`` is a ``torch.compile`` backend running the model as a fused, target-checked geir graph. ``run()`` is
+``geir.run`` with torch tensors in and out, and ``to_torch()`` turns ``geir.run``'s NumPy results into tensors.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ try:
 except ImportError as exc:   # pragma: no cover - depends on the environment
     raise ImportError("geir.torch needs PyTorch (pip install torch); geir itself does not") from exc
 
+from .interop import run, to_torch
 from .moe import (npu_moe_token_permute, npu_moe_token_permute_grad_v2, npu_moe_token_unpermute,
                   npu_moe_token_unpermute_grad, npu_moe_token_unpermute_grad_v2)
 from .rotary import (ROTARY_MODES, inplace_partial_rotary_mul, inplace_partial_rotary_mul_backward,
@@ -52,4 +54,5 @@ __all__ = ["CompiledGraph", "GeirBackend", "ROTARY_MODES", "backend", "export_on
            "npu_moe_token_permute_grad_v2", "npu_moe_token_unpermute", "npu_moe_token_unpermute_grad",
            "npu_moe_token_unpermute_grad_v2", "npu_shim", "npu_sparse_flash_attention",
            "npu_sparse_flash_attention_grad", "onnx_translation_table", "partial_rotary_mul",
-           "partial_rotary_mul_backward", "sparse_flash_attention", "to_graph", "uninstall_npu_shim"]
+           "partial_rotary_mul_backward", "run", "sparse_flash_attention", "to_graph", "to_torch",
+           "uninstall_npu_shim"]
