@@ -78,6 +78,8 @@ def _forward_infer(ctx: InferContext) -> None:
 def _validate_ids(ctx: DataContext) -> None:
     """MP-D1: every expert id in [0, 16777215) or the index dtype's minimum or maximum; name the first offender."""
     ids = ctx.array("indices")
+    if int(np.maximum.reduce(ids.view(f"u{ids.dtype.itemsize}"), axis=None, initial=0)) < ID_LIMIT:
+        return      # every id in [0, ID_LIMIT) (a negative one wraps high): one array operation on the common path
     info = np.iinfo(ids.dtype)
     bad = ((ids < 0) | (ids >= ID_LIMIT)) & (ids != info.min) & (ids != info.max)
     if bad.any():
