@@ -17,6 +17,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from ._op_docs import output_doc
 from ._registry import all_schemas, get_schema
 from ._schema import InferContext, OpSchema
 from ._standard import variadic_output_count
@@ -358,8 +359,11 @@ def _op_method(schema: OpSchema) -> Any:
               f"{', '.join(map(str, s.dtypes))}): {s.doc}" for s in schema.inputs]
     lines += ["Attributes:"] + [f"    {s.name} ({s.kind.value}, default {s.default!r}): {s.doc}"
                                 for s in schema.attributes]
-    lines += ["Returns:", "    " + ", ".join(s.name for s in schema.outputs)
-              + (" (a tuple in GE IR order; None for absent optional outputs)" if len(schema.outputs) > 1 else "")]
+    optional = ", ".join(s.name for s in schema.outputs if s.optional)
+    lines += ["Returns:"] + ([] if len(schema.outputs) == 1 else [
+        "    a tuple in GE IR order of a Value per output, " + (f"None for an absent optional one ({optional}):"
+                                                             if optional else "never None:")])
+    lines += ["    " + line for line in output_doc(schema, "None when absent")]
     method.__doc__ = "\n".join(lines)
     _METHODS[id(schema)] = method
     return method

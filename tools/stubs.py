@@ -224,7 +224,7 @@ def builder_stub() -> str:
 def _ge_class(schema: Any) -> list[str]:
     """The stub of ``ge.op.<op>``: the accessors ``_operator.make_class`` generates, typed."""
     ours = bool(schema.domain)
-    doc = f"``op::{schema.op_type}`` (generated from its schema). {schema.doc}" if ours else \
+    doc = _operator.class_doc(schema) if ours else \
         f"``op::{schema.op_type}``: the standard ONNX op (opset {OPSET})."
     lines = [f"class {schema.op_type}(Operator):", f'    """{doc}"""', ""]
     methods = []

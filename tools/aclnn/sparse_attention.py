@@ -155,7 +155,11 @@ def aclnnSparseFlashAttentionGetWorkspaceSize(
         preTokens: int = _INT64_MAX, nextTokens: int = _INT64_MAX, attentionMode: int = 0,
         returnSoftmaxLse: bool = False, attentionOut: aclTensor | None = None, softmaxMax: aclTensor | None = None,
         softmaxSum: aclTensor | None = None) -> tuple[int, int, aclOpExecutor | None]:
-    """Phase one of the sparse attention forward: ``(status, workspace_size, executor)``."""
+    """Phase one of the sparse attention forward: ``(status, workspace_size, executor)``.
+
+    The run writes ``attentionOut`` and, with ``returnSoftmaxLse`` true, ``softmaxMax``/``softmaxSum`` (float32
+    ``(B, N2, S1, G)`` / ``(N2, T1, G)``; a null one is 161001). With it false the statistics are not computed: they
+    may be null (None), and tensors given there are not written (they keep their contents)."""
     return _forward("aclnnSparseFlashAttention", query, key, value, sparseIndices, blockTableOptional,
                     actualSeqLengthsQueryOptional, actualSeqLengthsKvOptional, queryRopeOptional, keyRopeOptional,
                     None, scaleValue, sparseBlockSize, layoutQueryOptional, layoutKvOptional, sparseMode, preTokens,
@@ -176,7 +180,10 @@ def aclnnSparseFlashAttentionV2GetWorkspaceSize(
         sparseMode: int = 3, preTokens: int = _INT64_MAX, nextTokens: int = _INT64_MAX, attentionMode: int = 0,
         returnSoftmaxLse: bool = False, attentionOut: aclTensor | None = None, softmaxMax: aclTensor | None = None,
         softmaxSum: aclTensor | None = None) -> tuple[int, int, aclOpExecutor | None]:
-    """Phase one of V2: V1 plus ``sinksOptional`` (N1,) float32 per-head sink logits (ascend950 only)."""
+    """Phase one of V2: V1 plus ``sinksOptional`` (N1,) float32 per-head sink logits (ascend950 only).
+
+    ``softmaxMax``/``softmaxSum`` must be tensors even when ``returnSoftmaxLse`` is false (null is 161001); they are
+    written only when it is true, as V1's."""
     return _forward("aclnnSparseFlashAttentionV2", query, key, value, sparseIndices, blockTableOptional,
                     actualSeqLengthsQueryOptional, actualSeqLengthsKvOptional, queryRopeOptional, keyRopeOptional,
                     sinksOptional, scaleValue, sparseBlockSize, layoutQueryOptional, layoutKvOptional, sparseMode,

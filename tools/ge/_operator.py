@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Self
 
+from ...ir._op_docs import output_doc
 from ...ir._schema import AttrSpec, Schema
 from ...ir._standard import StandardOpSchema
 from ...ir._errors import GraphError, SourceLocation, user_location
@@ -183,11 +184,20 @@ def attribute_names(schema: Schema) -> list[str]:
     return [a.name for a in schema.attributes]
 
 
+def class_doc(schema: Schema) -> str:
+    """The docstring of ``ge.op.<op>`` (``help()``, and ``op.pyi``'s): the op's doc and, for ours, each output's
+    (``ir._op_docs.output_doc``: what an output holds, which may be absent)."""
+    doc = f"``op::{schema.op_type}`` (generated from its schema). {schema.doc}"
+    if isinstance(schema, StandardOpSchema):
+        return doc
+    return f"{doc} Outputs: {'; '.join(output_doc(schema))}."
+
+
 def make_class(schema: Schema) -> type[Operator]:
     """The ge op class of ``schema``: GE's generated accessors as methods (typed in ``op.pyi``)."""
     namespace: dict[str, Any] = {"schema": schema, "input_names": tuple(s.name for s in schema.inputs),
                                  "output_names": tuple(s.name for s in schema.outputs),
-                                 "__doc__": f"``op::{schema.op_type}`` (generated from its schema). {schema.doc}"}
+                                 "__doc__": class_doc(schema)}
     for spec in schema.inputs:
         namespace[f"set_input_{spec.name}"] = _method(
             lambda self, source, output=None, _n=spec.name: self.SetInput(_n, source, output),

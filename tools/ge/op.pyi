@@ -9,7 +9,7 @@ from ._tensor import TensorDesc
 
 
 class InplacePartialRotaryMul(Operator):
-    """``op::InplacePartialRotaryMul`` (generated from its schema). Rotary position embedding applied in place to x[..., start:end]."""
+    """``op::InplacePartialRotaryMul`` (generated from its schema). Rotary position embedding applied in place to x[..., start:end]. Outputs: x: aliases input 0."""
 
     def set_input_x(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_x(self, desc: TensorDesc) -> Self: ...
@@ -25,7 +25,7 @@ class InplacePartialRotaryMul(Operator):
 
 
 class InplacePartialRotaryMulGrad(Operator):
-    """``op::InplacePartialRotaryMulGrad`` (generated from its schema). Gradient of InplacePartialRotaryMul, applied in place to dy[..., start:end]."""
+    """``op::InplacePartialRotaryMulGrad`` (generated from its schema). Gradient of InplacePartialRotaryMul, applied in place to dy[..., start:end]. Outputs: dy: aliases input 0."""
 
     def set_input_dy(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_dy(self, desc: TensorDesc) -> Self: ...
@@ -41,7 +41,7 @@ class InplacePartialRotaryMulGrad(Operator):
 
 
 class MoeTokenPermute(Operator):
-    """``op::MoeTokenPermute`` (generated from its schema). Copy each token once per routed expert, the copies sorted by expert id (stable)."""
+    """``op::MoeTokenPermute`` (generated from its schema). Copy each token once per routed expert, the copies sorted by expert id (stable). Outputs: permute_tokens: (rows, hidden...): one copy per slot, sorted by expert (stable); sorted_indices: (tokens * topK,) int32: slot t*K+k -> row; rows >= R were dropped."""
 
     def set_input_tokens(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_tokens(self, desc: TensorDesc) -> Self: ...
@@ -56,7 +56,7 @@ class MoeTokenPermute(Operator):
 
 
 class MoeTokenPermuteGrad(Operator):
-    """``op::MoeTokenPermuteGrad`` (generated from its schema). Gradient of MoeTokenPermute w.r.t. tokens: each token sums its topK gradient rows (float32, k order)."""
+    """``op::MoeTokenPermuteGrad`` (generated from its schema). Gradient of MoeTokenPermute w.r.t. tokens: each token sums its topK gradient rows (float32, k order). Outputs: input_grad: (tokens, hidden)."""
 
     def set_input_permuted_output_grad(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_permuted_output_grad(self, desc: TensorDesc) -> Self: ...
@@ -70,7 +70,7 @@ class MoeTokenPermuteGrad(Operator):
 
 
 class MoeTokenUnpermute(Operator):
-    """``op::MoeTokenUnpermute`` (generated from its schema). Gather each token's topK expert rows and sum them weighted by probs."""
+    """``op::MoeTokenUnpermute`` (generated from its schema). Gather each token's topK expert rows and sum them weighted by probs. Outputs: unpermuted_tokens: (tokens, hidden)."""
 
     def set_input_permuted_tokens(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_permuted_tokens(self, desc: TensorDesc) -> Self: ...
@@ -86,7 +86,7 @@ class MoeTokenUnpermute(Operator):
 
 
 class MoeTokenUnpermuteGrad(Operator):
-    """``op::MoeTokenUnpermuteGrad`` (generated from its schema). Gradients of MoeTokenUnpermute w.r.t. the permuted rows and the routing probabilities."""
+    """``op::MoeTokenUnpermuteGrad`` (generated from its schema). Gradients of MoeTokenUnpermute w.r.t. the permuted rows and the routing probabilities. Outputs: permuted_tokens_grad: (len(sorted_indices), hidden); probs_grad: shape of probs; without probs zeros (tokens, 1) of the token dtype."""
 
     def set_input_permuted_tokens(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_permuted_tokens(self, desc: TensorDesc) -> Self: ...
@@ -105,7 +105,7 @@ class MoeTokenUnpermuteGrad(Operator):
 
 
 class SparseFlashAttention(Operator):
-    """``op::SparseFlashAttention`` (generated from its schema). Attention of each query row over the key blocks its sparse_indices list."""
+    """``op::SparseFlashAttention`` (generated from its schema). Attention of each query row over the key blocks its sparse_indices list. Outputs: attention_out: query's shape with last dim D2; softmax_max: float32 (B, N2, S1, G) / (N2, T1, G), or (0,) without return_softmax_lse; softmax_sum: same shape as softmax_max."""
 
     def set_input_query(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_query(self, desc: TensorDesc) -> Self: ...
@@ -151,7 +151,7 @@ class SparseFlashAttention(Operator):
 
 
 class SparseFlashAttentionGrad(Operator):
-    """``op::SparseFlashAttentionGrad`` (generated from its schema). Gradients of SparseFlashAttention w.r.t. query, key, value and the rope parts."""
+    """``op::SparseFlashAttentionGrad`` (generated from its schema). Gradients of SparseFlashAttention w.r.t. query, key, value and the rope parts. Outputs: d_query; d_key; d_value (optional): present iff value is; d_query_rope (optional): present iff the rope inputs are; d_key_rope (optional): present iff the rope inputs are."""
 
     def set_input_query(self, source: Operator, output: str | int | None = None) -> Self: ...
     def update_input_desc_query(self, desc: TensorDesc) -> Self: ...

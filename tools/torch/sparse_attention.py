@@ -60,8 +60,7 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                            layout_kv: str = "BSND", sparse_mode: int = 3, pre_tokens: int = INT64_MAX,
                            next_tokens: int = INT64_MAX, attention_mode: int = 0, return_softmax_lse: bool = False,
                            sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``npu_sparse_flash_attention`` with every argument positional (the differentiable form):
-    ``(attention_out, softmax_max, softmax_sum)`` of SparseFlashAttention."""
+    # its doc, and npu_sparse_flash_attention's, are set at the end of the module (_RETURNS says what both return)
     arrays = [to_numpy(query, "query"), to_numpy(key, "key"), to_numpy(value, "value"),
               to_numpy(sparse_indices, "sparse_indices"), _array(block_table, "block_table"),
               _array(actual_seq_lengths_query, "actual_seq_lengths_query"),
@@ -137,11 +136,6 @@ def _npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, spars
         attention_mode, return_softmax_lse, sinks)
 
 
-npu_sparse_flash_attention = torch.ops.geir.npu_sparse_flash_attention
-"""torch_npu's ``npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, ...)``:
-``(attention_out, softmax_max, softmax_sum)``, the statistics float32 ``(0,)`` without return_softmax_lse."""
-
-
 @torch.library.custom_op(
     "geir::npu_sparse_flash_attention_grad", mutates_args=(),
     schema="(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, Tensor d_out, Tensor out, "
@@ -194,8 +188,19 @@ def _(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, d_out: 
 # keyword-only form calls the positional op's body, as its CompositeImplicitAutograd kernel calls the positional op --
 from ._eager import eager_first, registered_body  # noqa: E402
 
-npu_sparse_flash_attention = eager_first("npu_sparse_flash_attention", registered_body(sparse_flash_attention),
-                                         __name__)
-sparse_flash_attention = eager_first("sparse_flash_attention", registered_body(sparse_flash_attention), __name__)
+_RETURNS = """Returns ``(attention_out, softmax_max, softmax_sum)``, always three tensors (SparseFlashAttention's
+outputs): attention_out has query's shape with value's last dim (D2) and query's dtype. With
+``return_softmax_lse=True`` the statistics are float32 ``(B, N2, S1, G)`` (BSND query) or ``(N2, T1, G)`` (TND),
+what the grad reads. With ``return_softmax_lse=False`` (the default; a paged cache allows only False, PA-S5) each
+statistic is an empty float32 tensor of shape ``(0,)``, not None, as op-plugin returns them
+(``at::empty({0}, ...kFloat)``). float64 inputs (the kernels' gradcheck path) give float64 statistics."""
+_forward_body = registered_body(sparse_flash_attention)
+_forward_body.__doc__ = ("``npu_sparse_flash_attention`` with every argument positional (the differentiable "
+                         "form).\n\n" + _RETURNS)
+npu_sparse_flash_attention = eager_first("npu_sparse_flash_attention", _forward_body, __name__)
+npu_sparse_flash_attention.__doc__ = ("torch_npu's ``npu_sparse_flash_attention(query, key, value, sparse_indices, "
+                                      "scale_value, *, ...)``: the arguments after scale_value by keyword.\n\n"
+                                      + _RETURNS)
+sparse_flash_attention = eager_first("sparse_flash_attention", _forward_body, __name__)
 npu_sparse_flash_attention_grad = eager_first("npu_sparse_flash_attention_grad",
                                               registered_body(npu_sparse_flash_attention_grad), __name__)
