@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..ir._files import replacing
 from ..runtimes import runtime_names
@@ -69,7 +70,7 @@ def bars(rows: Iterable[tuple[Measurement, float, float | None, Sequence[Verdict
     return drawn
 
 
-def pyplot():
+def pyplot() -> Any:
     try:
         import matplotlib
 
@@ -103,7 +104,7 @@ def draw(path: str, drawn: Sequence[Bar]) -> None:
         plt.close(fig)
 
 
-def _plot(ax, slots: list[tuple[str, Bar | None]]) -> None:
+def _plot(ax: Any, slots: list[tuple[str, Bar | None]]) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
