@@ -3,7 +3,9 @@
 The repository root is the package ``geir`` (``package-dir`` maps it to "."), so the packages under it are
 found here and named under ``geir``: a new folder ships without editing any list.
 ``tests`` is not part of the package, nor is this script (``BuildPy``); setuptools runs it as ``__main__``,
-so importing it (as ``geir.setup`` in an editable install) does nothing.
+so importing it (as ``geir.setup`` in an editable install) does nothing. ``pytest_geir.py``, the pytest plugin, sits
+at the root too but ships as a top-level module of its own (``TOP_LEVEL``), not as ``geir.pytest_geir``: pytest
+imports every installed plugin into every run, and anything under ``geir`` imports all of geir first.
 
 An editable install (``pip install -e .``) is a path, not an import hook (``EditableWheel``): type checkers find
 geir whatever the checkout's folder is called.
@@ -29,11 +31,16 @@ def packages() -> list[str]:
     return ["geir"] + [f"geir.{name}" for name in sorted(set(found) | set(data))]
 
 
+TOP_LEVEL = ["pytest_geir"]
+"""Modules at the root that ship outside the geir package (the ``pytest11`` entry point names ``pytest_geir``)."""
+
+
 class BuildPy(build_py):
-    """build_py, leaving this script out of the package whose folder it sits in."""
+    """build_py, leaving this script and the top-level modules out of the package whose folder they sit in."""
 
     def find_package_modules(self, package: str, package_dir: str) -> list[tuple[str, str, str]]:
-        return [m for m in super().find_package_modules(package, package_dir) if m[:2] != ("geir", "setup")]
+        return [m for m in super().find_package_modules(package, package_dir)
+                if not (m[0] == "geir" and m[1] in ("setup", *TOP_LEVEL))]
 
 
 LINK_FOLDER = "__editable__.geir-path"
@@ -101,4 +108,4 @@ def link_to(link: Path, target: Path) -> None:
 
 
 if __name__ == "__main__":
-    setup(packages=packages(), cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel})
+    setup(packages=packages(), py_modules=TOP_LEVEL, cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel})

@@ -48,9 +48,11 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
     return {m for m in found if m in MODULES}
 
 
-# examples/ holds user scripts run from the checkout (no __init__.py: not a package, not in the wheel), not modules
+# examples/ holds user scripts run from the checkout (no __init__.py: not a package, not in the wheel), not modules;
+# setup.py and pytest_geir.py (the pytest plugin, a top-level module of its own) sit at the root but are not geir's
 SOURCES = [p for p in ROOT.rglob("*.py") if not {"tests", "examples", ".venv", "build"} & set(p.relative_to(ROOT).parts)
-           and not p.relative_to(ROOT).parts[0].startswith(".") and p.name != "setup.py"]
+           and not p.relative_to(ROOT).parts[0].startswith(".") and p.relative_to(ROOT).as_posix() not in
+           ("setup.py", "pytest_geir.py")]
 MODULES = {_module_name(p): p for p in SOURCES}
 
 

@@ -23,6 +23,10 @@ def _skipped(name: str) -> bool:
     return name.startswith(".") or name in NOT_SOURCE or name.endswith(".egg-info")
 
 
+TOP_LEVEL = {"pytest_geir.py"}
+"""Files at the root that ship outside geir/, as top-level modules (the pytest plugin: loading it imports no geir)."""
+
+
 def _source_files() -> set[str]:
     """Every file of the package (relative to the root): what a wheel must hold, under geir/."""
     found = {"py.typed"}
@@ -30,7 +34,7 @@ def _source_files() -> set[str]:
         dirs[:] = [d for d in dirs if not _skipped(d)]
         rel = Path(folder).relative_to(ROOT)
         found |= {(rel / f).as_posix() for f in files if f.endswith(SHIPPED)}
-    return found - {"setup.py"}
+    return found - {"setup.py"} - TOP_LEVEL
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +61,7 @@ def test_the_wheel_holds_every_package_and_data_file_and_nothing_else(wheel):
             "runtimes/onnxruntime/native"} <= folders           # the ones the hand-written list missed, and C
     assert package - want == set(), "in the wheel but not a source file"    # no tests, no setup.py
     assert not any(n.startswith("tests/") for n in names)
+    assert {n for n in names if "/" not in n} == TOP_LEVEL            # beside geir/ and the .dist-info only
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "geir = geir.tools.cli:main" in text and "geir = geir.tools.testing.pytest_plugin" in text
