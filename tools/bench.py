@@ -210,6 +210,8 @@ def _rotary_case(spec: RotaryCase, compiled: bool) -> list[Measurement]:
 
 
 def rotary_measurements(quick: bool) -> list[Measurement]:
+    """InplacePartialRotaryMul and its grad on every runtime, against copying their bytes, the naive NumPy formula
+    and PyTorch."""
     return [m for spec in rotary.examples.BENCH["quick" if quick else "bench"] for m in _rotary_case(spec, not quick)]
 
 
@@ -250,11 +252,15 @@ def _moe_case(spec: MoeCase, compiled: bool) -> list[Measurement]:
 
 
 def moe_measurements(quick: bool) -> list[Measurement]:
+    """MoeTokenUnpermute and its grad on every runtime, against copying their bytes, the naive NumPy formula and
+    PyTorch."""
     return [m for spec in moe.examples.BENCH["quick" if quick else "bench"] for m in _moe_case(spec, not quick)]
 
 
 # -- sparse flash attention --------------------------------------------------------------------------
 def sfa_measurements(quick: bool) -> list[Measurement]:
+    """SparseFlashAttention and its grad on every runtime, against a float32 matmul of comparable size (GFLOP/s)
+    and PyTorch."""
     return _sfa_case(sparse_attention.examples.BENCH["quick" if quick else "bench"], not quick)
 
 
@@ -366,12 +372,16 @@ def family_suite(family: str) -> Callable[[bool], list[Measurement]]:
         examples = importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.schemas.{family}.examples")
         cases: tuple[BenchCase, ...] = examples.BENCH["quick" if quick else "bench"]
         return [m for case in cases for m in _family_case(case)]
+    measurements.__doc__ = (f"The {family} family's benchmark cases on every runtime, against copying the bytes they "
+                            "read and write.")
     return measurements
 
 
 def torch_measurements(quick: bool) -> list[Measurement]:
-    """``geir bench torch`` (``geir.torch.benchmark``): geir.torch's calls against the kernels they run. Imported only
-    when this suite runs, so no other suite imports geir.torch; without PyTorch it is a CommandError saying so."""
+    """geir.torch's calls against the NumPy kernels they run, and PyTorch eager (needs PyTorch).
+
+    ``geir.torch.benchmark``, imported only when this suite runs, so no other suite imports geir.torch; without
+    PyTorch it is a CommandError saying so."""
     if _torch() is None:
         raise CommandError(TORCH_NEEDED)
     from .torch.benchmark import torch_measurements as measurements

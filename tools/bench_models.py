@@ -118,6 +118,7 @@ def _block_rows(case: str, stem: str, config: dict[str, Any], dtype: str, shape:
 
 
 def model_measurements(quick: bool) -> list[Measurement]:
+    """Fused against unfused on Llama, MoE and attention blocks of real model code (needs the models extra)."""
     if not models_available():
         return []
     shape = (1, 32, 256) if quick else (2, 128, 256)

@@ -1,4 +1,7 @@
-"""The ``geir`` command line: ``demo``, ``bench``, ``run``, ``check``, ``show``, ``example``.
+"""The ``geir`` command line: ``demo``, ``bench``, ``run``, ``check``, ``show``, ``fuse``, ``example``.
+
+Bare ``geir`` prints the command list, the same text as ``geir -h`` and with its exit status 0: it is how a newcomer
+asks what the tool does (as bare ``pip``, ``docker`` and ``kubectl`` answer), not a bad argument.
 
 Exit status: 0 done; 1 a demo case or example failed, or ``check`` found a violated restriction;
 2 a bad argument, file or input, a file that cannot be written, too little memory (one line on stderr,
@@ -9,9 +12,12 @@ not the command's work: files are still written and the exit status is the comma
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TextIO
 
@@ -56,8 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the contract's worked examples on both runtimes and compare")
     demo.add_argument("--runtime", choices=runtime_names(), default=None,
                       help="run on one runtime only (default: both, side by side)")
-    bench = commands.add_parser("bench", help="benchmark every op against copy bandwidth, a matmul, NumPy, PyTorch")
-    bench.add_argument("suite", nargs="*", help="suites to run (default: all): " + ", ".join(SUITES))
+    bench = commands.add_parser("bench", help="benchmark every op against copy bandwidth, a matmul, NumPy, PyTorch",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=_listing("suites (default: every one)", SUITES))
+    bench.add_argument("suite", nargs="*", help="suites to run (listed below; default: all)")
     bench.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     bench.add_argument("--repeat", type=_count(1), default=5, help="timed repetitions; the best is reported")
     bench.add_argument("--plot", metavar="FILE.png", help="also draw the ratios as a bar chart (needs matplotlib)")
@@ -90,11 +98,38 @@ def build_parser() -> argparse.ArgumentParser:
                       help="on import, tie sizes the model computes from its inputs' shapes to their symbols (ONNX "
                            "Runtime's symbolic shape inference), as TorchScript's dynamic exports need for their ropes "
                            "and MoE combines to fuse")
-    example = commands.add_parser("example", help="run the geir.ge ports of CANN's graph-mode examples")
-    example.add_argument("name", nargs="?", default="all", help="an example name or all (default)")
+    from .ge_examples import EXAMPLES
+
+    example = commands.add_parser("example", help="run the geir.ge ports of CANN's graph-mode examples",
+                                  formatter_class=argparse.RawDescriptionHelpFormatter,
+                                  epilog=_listing("examples (default: all of them)", EXAMPLES))
+    example.add_argument("name", nargs="?", default="all", help="an example (listed below) or all (default)")
     example.add_argument("--runtime", choices=runtime_names(), default="numpy")
     example.add_argument("--dump", metavar="DIR", help="also write each graph there (aclgrphDumpGraph)")
     return parser
+
+
+def _summary(item: object) -> str:
+    """The first sentence of ``item``'s docstring, as one line of help (reST quotes dropped)."""
+    text = " ".join((inspect.getdoc(item) or "").split("\n\n")[0].split()).replace("``", "")
+    text = re.sub(r" \(issue \d+[^)]*\)", "", text)          # the project's history, not the user's business
+    return re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+
+
+def _listing(title: str, entries: dict[str, object]) -> str:
+    """A help epilog naming every entry of a registry with its summary: made from the registry, so a suite or
+    example added there is listed without editing any help text."""
+    width = max(60, min(shutil.get_terminal_size().columns - 2, 100))
+    name_width = max(map(len, entries)) + 2
+    lines = [f"{title}:"]
+    for name, item in entries.items():
+        if name_width > width // 4:          # long names: each on its line, the summary indented below it
+            lines += [f"  {name}", textwrap.fill(_summary(item) or "-", width, initial_indent=" " * 6,
+                                                 subsequent_indent=" " * 6, break_long_words=False)]
+        else:
+            lines.append(textwrap.fill(_summary(item) or "-", width, initial_indent=f"  {name:<{name_width}}",
+                                       subsequent_indent=" " * (name_width + 2), break_long_words=False))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout = _ReaderMayLeave(stdout if closed is None else closed)   # type: ignore[assignment]
     try:                                    # --help and --version print (and exit) inside parse_args
         parser = build_parser()
-        return _run(parser, parser.parse_args(argv))
+        arguments = sys.argv[1:] if argv is None else list(argv)
+        if not arguments:                   # bare `geir`: the command list, as `geir -h` prints it
+            parser.print_help()
+            return 0
+        return _run(parser, parser.parse_args(arguments))
     finally:
         sys.stdout.flush()                  # through the wrapper: a reader gone now is not an error at exit
         sys.stdout = stdout

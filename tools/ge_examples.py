@@ -119,12 +119,12 @@ def _rotary(grad: bool, runtime: str, dump: str | None, echo: bool, seed: int) -
 
 
 def rotary_mul(runtime: str = "numpy", dump: str | None = None, echo: bool = False, seed: int = 0) -> ExampleRun:
-    """``test_geir_inplace_partial_rotary_mul.cpp``: mode 1 on a (1, 1, 1, 128) float32 x, slice [0, 128)."""
+    """CANN's ``test_geir_inplace_partial_rotary_mul.cpp``: mode 1 on a (1, 1, 1, 128) float32 x, slice [0, 128)."""
     return _rotary(False, runtime, dump, echo, seed)
 
 
 def rotary_mul_grad(runtime: str = "numpy", dump: str | None = None, echo: bool = False, seed: int = 0) -> ExampleRun:
-    """``test_geir_inplace_partial_rotary_mul_grad.cpp``: the same graph with the gradient op on dy."""
+    """CANN's ``test_geir_inplace_partial_rotary_mul_grad.cpp``: the same graph with the gradient op on dy."""
     return _rotary(True, runtime, dump, echo, seed)
 
 
