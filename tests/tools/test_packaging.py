@@ -64,7 +64,7 @@ def test_the_wheel_holds_every_package_and_data_file_and_nothing_else(wheel):
     assert {n for n in names if "/" not in n} == TOP_LEVEL            # beside geir/ and the .dist-info only
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "geir = geir.tools.cli:main" in text and "geir = geir.tools.testing.pytest_plugin" in text
+    assert "geir = geir.tools.cli:main" in text and "geir = pytest_geir" in text
 
 
 @pytest.mark.slow

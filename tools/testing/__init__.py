@@ -2,8 +2,8 @@
 
 ``assert_close`` applies CANN's precision standards by their names; ``reference`` computes the
 float64 golden of any graph; ``run_all_runtimes`` runs every runtime and asserts they agree. The
-pytest plugin (``geir.tools.testing.pytest_plugin``, registered through ``pytest11``) adds the
-``geir_runtime`` fixture and the ``--geir-runtime`` option.
+pytest plugin (``pytest_geir``, a top-level module registered through ``pytest11``, so that loading it imports
+no geir) adds the ``geir_runtime`` parameter and the ``--geir-runtime`` option.
 """
 
 from __future__ import annotations
