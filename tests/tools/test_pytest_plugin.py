@@ -15,21 +15,13 @@ import pytest
 
 from geir.runtimes import _protocol, runtime_names
 
+from tools.test_testing import PLUGIN_TEST   # tests/ is on the path (pythonpath)
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).parents[2]
 
-USES_RUNTIME = """
-import numpy as np, geir
-
-def test_rope_grad(geir_runtime):
-    b = geir.GraphBuilder("rope")
-    dy, c = b.input("dy", "float32", (1, 2, 1, 4)), b.input("c", "float32", (1, 2, 1, 4))
-    b.output(b.InplacePartialRotaryMulGrad(dy, c, c, rotary_mode=1, partial_slice=[0, 4]), "dx")
-    feeds = {"dy": np.ones((1, 2, 1, 4), np.float32), "c": np.ones((1, 2, 1, 4), np.float32)}
-    out = geir.run(b.build(), feeds, runtime=geir_runtime)["dx"]
-    np.testing.assert_array_equal(out, np.tile(np.float32([2, 0]), 4).reshape(1, 2, 1, 4))
-"""
+USES_RUNTIME = PLUGIN_TEST     # a user's test of the fixture: one rope grad on every runtime
 
 
 def _plugin() -> ModuleType:
@@ -54,10 +46,11 @@ def test_every_runtime_by_default_and_the_one_named(pytester):
     every = _run(pytester, "-v")
     every.assert_outcomes(passed=2)
     assert every.ret == 0
-    every.stdout.fnmatch_lines(["*test_rope_grad?numpy? PASSED*", "*test_rope_grad?onnxruntime? PASSED*"])
+    every.stdout.fnmatch_lines(["*test_rope_grad_on_every_runtime?numpy? PASSED*",
+                                "*test_rope_grad_on_every_runtime?onnxruntime? PASSED*"])
     one = _run(pytester, "-v", "--geir-runtime", "onnxruntime", "--geir-runtime", "onnxruntime")
     one.assert_outcomes(passed=1)
-    one.stdout.fnmatch_lines(["*test_rope_grad?onnxruntime? PASSED*"])
+    one.stdout.fnmatch_lines(["*test_rope_grad_on_every_runtime?onnxruntime? PASSED*"])
 
 
 @pytest.mark.parametrize("uses", [True, False], ids=["a test uses geir_runtime", "no test uses it"])
