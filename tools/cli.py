@@ -86,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "the device code accepts)")
     show = commands.add_parser("show", help="print a saved model as text, or draw it (dot, svg, png)")
     show.add_argument("model", help="the .onnx file")
-    show.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text")
-    show.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of printing")
+    show.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text",
+                      help="text (default); dot: Graphviz DOT text; svg, png: drawn by Graphviz's dot, which must be "
+                           "installed (Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz)")
+    show.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout (png: needs -o, "
+                      "or stdout redirected to a file)")
     fuse = commands.add_parser("fuse", help="rewrite standard-op subgraphs of a saved model into our ops")
     fuse.add_argument("model", help="the .onnx file to read")
     fuse.add_argument("output", help="the .onnx file to write")

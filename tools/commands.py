@@ -7,6 +7,7 @@ example failed, and raises ``CommandError`` (exit status 2) for a bad argument o
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,10 +16,11 @@ import numpy as np
 
 from .facade import check, fuse
 from ..ir._core import Graph
-from ..ir._dot import render
+from ..ir._dot import graph_to_dot, render
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._onnx_export import save_onnx
-from .onnx_import import load_onnx
+from .model_scopes import node_scopes
+from .onnx_import import from_onnx, load_onnx, read_onnx
 from ..runtimes import get_runtime
 from ..schemas.targets import TARGETS
 from ..ir._files import write_file
@@ -98,20 +100,48 @@ def fuse_model(model: str, output: str, allow_stricter_data: bool = False, symbo
     return 0
 
 
+def load_model_scopes(path: str) -> tuple[Graph, dict[str, tuple[str, ...]]]:
+    """``load_model``'s graph and the module path of each node the file records (``tools.model_scopes``): what a
+    picture clusters by. The file is read once."""
+    if not Path(path).exists():
+        raise CommandError(f"model {path!r}: no such file")
+    try:
+        proto = read_onnx(path)
+        scopes = node_scopes(proto)
+        return from_onnx(proto), scopes
+    except GraphError as exc:
+        raise CommandError(f"model {path!r}: {exc}") from None
+
+
 def show_model(model: str, fmt: str, output: str | None) -> int:
-    graph = load_model(model)
-    if fmt in ("svg", "png"):
-        try:
-            picture = render(graph, fmt)
-        except GraphError as exc:
-            raise CommandError(str(exc)) from None
-        if output is None:
-            raise CommandError(f"--format {fmt} writes a file: give -o FILE.{fmt}")
-        with writing(output, "-o"):
-            write_file(output, picture)
-        print(f"wrote {output}")
-        return 0
-    text = graph.to_dot() if fmt == "dot" else str(graph) + "\n"
+    """Print or write the model as text, DOT, SVG or PNG. SVG without ``-o`` goes to stdout, as ``dot -Tsvg``
+    does; so does PNG when stdout is a file or a pipe (binary output is refused on a terminal)."""
+    if fmt == "text":
+        text = str(load_model(model)) + "\n"
+    else:
+        graph, scopes = load_model_scopes(model)
+        if fmt == "png" and output is None and sys.stdout.isatty():
+            raise CommandError("--format png is binary: give -o FILE.png, or redirect stdout "
+                               "(geir show MODEL --format png > FILE.png)")
+        if fmt in ("svg", "png"):
+            notes: list[str] = []
+            try:
+                picture = render(graph, fmt, scopes, notes)
+            except GraphError as exc:
+                raise CommandError(str(exc)) from None
+            for note in notes:       # a PNG too large for Graphviz's bitmaps comes back scaled down: say so
+                hint = " (--format svg is not scaled)" if "Scaling" in note else ""
+                print(f"geir show: Graphviz: {note.removeprefix('dot: ')}{hint}", file=sys.stderr)
+            if output is None:
+                sys.stdout.flush()
+                sys.stdout.buffer.write(picture)
+                sys.stdout.buffer.flush()
+                return 0
+            with writing(output, "-o"):
+                write_file(output, picture)
+            print(f"wrote {output}")
+            return 0
+        text = graph_to_dot(graph, scopes)
     if output is None:
         print(text, end="")
     else:

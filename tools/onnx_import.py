@@ -33,7 +33,8 @@ from ..ir._onnx_types import attribute_from_onnx, tensor_type_from_onnx
 from ..ir._types import TensorType, refine
 from ..ir._subgraphs import captured_names, subgraphs_of
 
-__all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes"]
+__all__ = ["MAX_IMPORTED_NODES", "MAX_MODEL_BYTES", "from_onnx", "load_onnx", "parse_model", "read_model_bytes",
+           "read_onnx"]
 
 MAX_MODEL_BYTES = 2**31 - 1
 """Largest file ``load_onnx`` reads (protobuf's own limit for one message)."""
@@ -44,9 +45,14 @@ MAX_IMPORTED_NODES = 100_000
 def load_onnx(path: str | os.PathLike, *, symbolic_shapes: bool = False) -> Graph:
     """Read an ONNX file (and its external data files beside it) and import it (``from_onnx``); GraphError for
     anything wrong with the file."""
+    return from_onnx(read_onnx(path), symbolic_shapes=symbolic_shapes)
+
+
+def read_onnx(path: str | os.PathLike) -> ModelProto:
+    """The ModelProto of an ONNX file, its external data files read in; GraphError for a file that is none."""
     model = _read_model(path)
     inline_external_data(model, path)
-    return from_onnx(model, symbolic_shapes=symbolic_shapes)
+    return model
 
 
 def from_onnx(model: ModelProto | str | os.PathLike | bytes, *, symbolic_shapes: bool = False) -> Graph:
