@@ -1,16 +1,22 @@
 """``geir show --format dot`` on a real export (issue 30): a tiny Llama decoder layer (random weights from a config)
 exported by both of PyTorch's exporters draws with its weights and constants folded into their consumers' boxes,
 edges labelled by type with generated symbols abbreviated, and nodes clustered by module: from the dynamo
-exporter's recorded scopes, and from TorchScript's '/model/layers.0/...' node names."""
+exporter's recorded scopes, and from TorchScript's '/model/layers.0/...' node names; and the example that draws
+the three model pictures runs."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import geir
 from dot_reader import Dot
+from geir.ir._dot_text import OURS_FILL
 from geir.tools.cli import main
 
 torch = pytest.importorskip("torch")
@@ -51,3 +57,18 @@ def test_a_llama_block_draws_folded_typed_and_clustered(exporter, tmp_path, caps
         assert ("model", "layers.0", module) in where, (module, where)
     (softmax,) = [k for k, tip in ops.items() if tip.startswith("Softmax ")]
     assert dot.where[softmax] == ("model", "layers.0", "self_attn")
+
+
+def test_the_example_draws_the_attention_block_as_exported_and_fused(tmp_path):
+    example = Path(__file__).parents[2] / "examples" / "draw_exported_models.py"
+    run = subprocess.run([sys.executable, str(example), "--out", str(tmp_path), "--model", "attention_block"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"^attention_block: \d+ nodes, \d+ constants; fused: \d+ nodes \(2 matches\)$", run.stdout,
+                     re.MULTILINE), run.stdout
+    if shutil.which("dot") is None:
+        fused = (tmp_path / "attention_block_fused.dot").read_text()
+    else:
+        assert (tmp_path / "attention_block.png").read_bytes().startswith(b"\x89PNG")
+        fused = (tmp_path / "attention_block_fused.svg").read_text()
+    assert fused.count("InplacePartialRotaryMul") >= 2 and OURS_FILL in fused    # the fused ropes, highlighted
