@@ -36,7 +36,8 @@ except ImportError as exc:            # the pictures are of PyTorch exports: not
 
 import geir
 from geir.ir._dot import graph_to_dot, render
-from geir.tools.model_scopes import node_scopes
+from geir.ir._files import write_file
+from geir.tools.model_scopes import common_scope, node_scopes
 from geir.tools.onnx_import import read_onnx
 
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -94,26 +95,20 @@ def export(name: str, path: Path) -> None:
 def fused_scopes(report: geir.FusionReport, scopes: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     """Each fused node in the module the nodes it replaced share (the longest common scope)."""
     placed = dict(scopes)
-    for match in report.fused:
-        paths = [scopes.get(name, ()) for name in match.replaced]
-        common: tuple[str, ...] = ()
-        for parts in zip(*paths):
-            if len(set(parts)) != 1:
-                break
-            common += (parts[0],)
-        placed[match.became.split("'", 1)[1][:-1]] = common
+    for match in report.fused:          # became: "<OpType> '<node name>'"
+        placed[match.became.split("'", 1)[1][:-1]] = common_scope([scopes.get(name, ()) for name in match.replaced])
     return placed
 
 
 def draw(graph: geir.Graph, scopes: dict[str, tuple[str, ...]], stem: Path) -> list[str]:
     """The picture of ``graph`` as SVG and PNG (DOT text without Graphviz); the files written."""
     if shutil.which("dot") is None:
-        stem.with_suffix(".dot").write_text(graph_to_dot(graph, scopes))
+        write_file(stem.with_suffix(".dot"), graph_to_dot(graph, scopes))
         return [stem.with_suffix(".dot").name]
     written = []
     for fmt in ("svg", "png"):
         notes: list[str] = []
-        stem.with_suffix(f".{fmt}").write_bytes(render(graph, fmt, scopes, notes))
+        write_file(stem.with_suffix(f".{fmt}"), render(graph, fmt, scopes, notes))
         written.append(stem.with_suffix(f".{fmt}").name + "".join(f" ({n})" for n in notes))
     return written
 

@@ -19,7 +19,8 @@ __all__ = ["LEGEND", "OUR_DOMAIN", "Symbols", "attribute_lines", "attribute_text
 OUR_DOMAIN = "ai.cann"
 """geir's (CANN's) ops: drawn in their own colour (``ir._core.CANN_DOMAIN``; ``_core`` imports this package)."""
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+"""What neither Graphviz nor XML (SVG) takes in text: C0 controls, lone surrogates, U+FFFE and U+FFFF."""
 
 
 def shorten(text: str, limit: int) -> str:

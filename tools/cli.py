@@ -203,6 +203,16 @@ class _ReaderMayLeave:
             except BrokenPipeError:
                 self._leave()
 
+    def write_bytes(self, data: bytes) -> None:
+        """Binary output (a picture) through the stream's buffer, on the same terms as text."""
+        if not self.gone:
+            try:
+                self._stream.flush()
+                self._stream.buffer.write(data)
+                self._stream.buffer.flush()
+            except BrokenPipeError:
+                self._leave()
+
     def _leave(self) -> None:
         self.gone = True
         try:

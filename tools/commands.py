@@ -113,6 +113,23 @@ def load_model_scopes(path: str) -> tuple[Graph, dict[str, tuple[str, ...]]]:
         raise CommandError(f"model {path!r}: {exc}") from None
 
 
+def _picture_to_stdout(picture: bytes, fmt: str) -> None:
+    """The picture's bytes on stdout: through the CLI's stdout (a reader that leaves early ends the output, not the
+    command, as for text), a plain binary stdout, or as text for SVG where stdout takes text only."""
+    if not hasattr(sys.stdout, "buffer"):
+        if fmt != "svg":
+            raise CommandError(f"--format {fmt} is binary and this stdout takes text only: give -o FILE.{fmt}")
+        sys.stdout.write(picture.decode("utf-8"))
+        return
+    write_bytes = getattr(sys.stdout, "write_bytes", None)
+    if write_bytes is not None:
+        write_bytes(picture)
+        return
+    sys.stdout.flush()
+    sys.stdout.buffer.write(picture)
+    sys.stdout.buffer.flush()
+
+
 def show_model(model: str, fmt: str, output: str | None) -> int:
     """Print or write the model as text, DOT, SVG or PNG. SVG without ``-o`` goes to stdout, as ``dot -Tsvg``
     does; so does PNG when stdout is a file or a pipe (binary output is refused on a terminal)."""
@@ -133,9 +150,7 @@ def show_model(model: str, fmt: str, output: str | None) -> int:
                 hint = " (--format svg is not scaled)" if "Scaling" in note else ""
                 print(f"geir show: Graphviz: {note.removeprefix('dot: ')}{hint}", file=sys.stderr)
             if output is None:
-                sys.stdout.flush()
-                sys.stdout.buffer.write(picture)
-                sys.stdout.buffer.flush()
+                _picture_to_stdout(picture, fmt)
                 return 0
             with writing(output, "-o"):
                 write_file(output, picture)

@@ -15,7 +15,7 @@ import ast
 
 from onnx import ModelProto
 
-__all__ = ["SCOPES_KEY", "node_scopes", "scope_of"]
+__all__ = ["SCOPES_KEY", "common_scope", "node_scopes", "scope_of"]
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 MAX_SCOPE_TEXT = 4096
@@ -29,7 +29,7 @@ def scope_of(text: str) -> tuple[str, ...] | None:
         return None
     try:
         entry = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except Exception:        # untrusted text: ValueError, SyntaxError, TypeError ('{[]: 1}'), Memory/RecursionError
         return None
     if not isinstance(entry, list) or not all(isinstance(e, str) for e in entry):
         return None
@@ -63,11 +63,12 @@ def node_scopes(model: ModelProto) -> dict[str, tuple[str, ...]]:
         if node.name and node.name not in scopes:
             found = [scopes[r] for out in node.output for r in readers.get(out, ()) if r in scopes]
             if found:
-                scopes[node.name] = _common(found)
+                scopes[node.name] = common_scope(found)
     return scopes
 
 
-def _common(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
+def common_scope(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The longest module path every one of ``paths`` starts with (where a node made for several belongs)."""
     common: tuple[str, ...] = ()
     for parts in zip(*paths):
         if len(set(parts)) != 1:

@@ -163,6 +163,7 @@ def test_the_dynamo_exporters_module_scopes_are_read_from_node_metadata():
                                   "split": ("model", "layers.0", "self_attn"),        # one: its consumers' scope
                                   "e": ("model", "layers.0", "self_attn"), "d": ("model", "layers.0", "self_attn")}
     assert scope_of("[" + "'a', " * 5000 + "'b']") is None        # too long to parse
+    assert scope_of("{[]: 1}") is None and scope_of("{{1}}") is None  # literal_eval's TypeError: ignored too
     assert node_scopes(helper.make_model(helper.make_graph([node("a", None, ["x"], ["y"])], "g", [], []))) == {}
 
 
@@ -259,3 +260,32 @@ def test_the_dot_text_needs_no_graphviz(tmp_path, monkeypatch, capsys):
     assert main(["show", str(_model(tmp_path)), "--format", "dot"]) == 0
     dot = Dot(capsys.readouterr().out)
     assert dot.name == "exported" and len(dot.op_nodes()) == 6
+
+
+def test_characters_xml_forbids_never_reach_the_svg(tmp_path):
+    """U+FFFE, U+FFFF and lone surrogates are legal in an ONNX name but not in XML: drawn as spaces, so the SVG
+    Graphviz writes stays well-formed."""
+    name = "bad\uffffname\ufffe\ud800end"
+    b = geir.GraphBuilder(name)
+    x = b.input(name, "float32", (2,))
+    b.output(b.op("Relu", x, name=name), name + "out")
+    text = b.build().to_dot()
+    assert all(c not in text for c in "\uffff\ufffe\ud800") and "bad name" in text
+    if shutil.which("dot"):
+        import xml.dom.minidom
+        svg = subprocess.run(["dot", "-Tsvg"], input=text.encode(), capture_output=True, timeout=60, check=True)
+        xml.dom.minidom.parseString(svg.stdout)                  # raises on a character XML forbids
+
+
+@needs_dot
+def test_a_reader_that_leaves_early_ends_the_picture_not_the_command(tmp_path):
+    """``geir show big.onnx --format svg | head -c 100``: as for text, the rest is dropped and the exit status is 0,
+    with nothing on stderr (an SVG larger than the pipe's buffer, so the write meets the closed pipe)."""
+    path = tmp_path / "deep.onnx"
+    geir.save_onnx(_layers(4, 60), str(path))
+    with subprocess.Popen([sys.executable, "-m", "geir", "show", str(path), "--format", "svg"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
+        assert reader.stdout.read(100).startswith(b"<?xml")
+        reader.stdout.close()
+        assert reader.wait(timeout=300) == 0
+        assert reader.stderr.read() == b""

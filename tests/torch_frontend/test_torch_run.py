@@ -156,6 +156,9 @@ def test_output_tensors_are_written_and_returned_as_they_are(runtime):
         gt.run(graph, {"x": feed}, outputs={"y": torch.zeros(2, 4, dtype=torch.bfloat16, requires_grad=True)})
     with pytest.raises(geir.ExecutionError, match="output buffer 'y': expected dtype bfloat16, got float32"):
         gt.run(graph, {"x": feed}, runtime=runtime, outputs={"y": torch.zeros(2, 4)})
+    negative = torch.zeros(2, 4, dtype=torch.bfloat16)._neg_view()   # torch's lazy negation: the run cannot write it
+    with pytest.raises(geir.ExecutionError, match="output tensor 'y' is a conjugate or negative view"):
+        gt.run(graph, {"x": feed}, runtime=runtime, outputs={"y": negative})
 
 
 def test_a_tensor_off_the_cpu_is_refused_as_geir_torch_refuses_it():

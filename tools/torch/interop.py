@@ -156,6 +156,9 @@ def run(graph: GraphLike, feeds: Mapping[str, torch.Tensor | np.ndarray], runtim
             if not isinstance(tensor, torch.Tensor):
                 raise ExecutionError(f"geir.torch.run: {where}: expected a torch tensor, got {type(tensor).__name__}")
             _refuse_off_cpu(tensor, where)
+            if tensor.is_conj() or tensor.is_neg():
+                raise ExecutionError(f"geir.torch.run: {where} is a conjugate or negative view: the run cannot write "
+                                     "the values it stands for; pass a plain tensor")
             if tensor.requires_grad:
                 raise ExecutionError(f"geir.torch.run: {where} requires grad: the run writes it outside autograd; "
                                      "pass a tensor that does not (torch.empty(...), or .detach() to mean it)")
