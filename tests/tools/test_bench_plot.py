@@ -3,8 +3,6 @@ marked on its scale, rows grouped by op and runtime; ``geir bench`` without suit
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from geir.tools import bench, bench_plot
@@ -64,13 +62,13 @@ def test_an_op_whose_rows_are_one_group_is_named_by_the_op_alone_and_ops_keep_th
 
 def test_the_plot_gets_the_verdicts_the_table_prints(monkeypatch):
     """run_benchmarks hands draw one bar per row with a ratio, each MET or MISSED exactly as its table line says."""
-    rows = [Measurement("Op", "case", "copy", lambda: time.sleep(0.002), 1000.0, "GB/s", baseline=True),
-            Measurement("Op", "case", "geir numpy", lambda: time.sleep(0.001), 1000.0, "GB/s", targets=(("copy", 1.5),)),
-            Measurement("Op", "case", "geir onnxruntime", lambda: time.sleep(0.008), 1000.0, "GB/s",
+    rows = [Measurement("Op", "case", "copy", lambda: 0.002, 1000.0, "GB/s", baseline=True),   # seconds per call:
+            Measurement("Op", "case", "geir numpy", lambda: 0.001, 1000.0, "GB/s", targets=(("copy", 1.5),)),
+            Measurement("Op", "case", "geir onnxruntime", lambda: 0.008, 1000.0, "GB/s",   # best_time returns them
                         targets=(("copy", 1.5),))]
     drawn = []
     monkeypatch.setitem(bench.SUITES, "fake", lambda quick: rows)
-    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+    monkeypatch.setattr(bench, "best_time", lambda fn, repeat: fn())    # known times, not sleeps on a busy machine
     monkeypatch.setattr(bench, "pyplot", lambda: None)
     monkeypatch.setattr(bench, "draw", lambda path, bars: drawn.append((path, bars)))
     table = bench.run_benchmarks(["fake"], repeat=2, progress=None, plot="ratios.png")
