@@ -15,6 +15,7 @@ from ...ir._types import Dim
 
 from ...ir._registry import register
 from ...ir._schema import AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
+from ..index_bounds import largest_unsigned
 
 __all__ = ["FORWARD", "GRAD", "validate_sorted_indices"]
 
@@ -123,13 +124,10 @@ def _grad_infer(ctx: InferContext) -> None:
 
 
 def is_permutation(indices: np.ndarray) -> bool:
-    """Whether a 1-D integer array holds each of ``0..M-1`` once, in two array operations past the range check: a
-    call on small shapes pays for each NumPy operation, not for the data. The ufuncs are called directly (an
-    ndarray method adds a Python frame, as much as the work on a few values)."""
+    """Whether a 1-D integer array holds each of ``0..M-1`` once, in two array operations past the range check
+    (``index_bounds``): M values in [0, M), each slot counted once by bincount, are a permutation."""
     m = indices.shape[0]
-    # every value in [0, M): one unsigned max (a negative value wraps to a huge one); then M values in M slots,
-    # each slot counted once, is a permutation
-    if int(np.maximum.reduce(indices.view(f"u{indices.dtype.itemsize}"), axis=None, initial=0)) >= m:
+    if largest_unsigned(indices) >= m:
         return m == 0
     return m == 0 or int(np.minimum.reduce(np.bincount(indices, minlength=m))) == 1
 

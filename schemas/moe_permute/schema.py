@@ -30,6 +30,7 @@ from ...ir._dtypes import DType
 from ...ir._registry import register
 from ...ir._schema import REQUIRED, AttrKind, AttrSpec, DataContext, InferContext, InputSpec, OpSchema, OutputSpec
 from ...ir._types import Dim, TensorType
+from ..index_bounds import largest_unsigned
 from ..moe.schema import validate_sorted_indices
 
 __all__ = ["FORWARD", "GRAD", "ID_LIMIT", "permuted_rows"]
@@ -78,8 +79,8 @@ def _forward_infer(ctx: InferContext) -> None:
 def _validate_ids(ctx: DataContext) -> None:
     """MP-D1: every expert id in [0, 16777215) or the index dtype's minimum or maximum; name the first offender."""
     ids = ctx.array("indices")
-    if int(np.maximum.reduce(ids.view(f"u{ids.dtype.itemsize}"), axis=None, initial=0)) < ID_LIMIT:
-        return      # every id in [0, ID_LIMIT) (a negative one wraps high): one array operation on the common path
+    if largest_unsigned(ids) < ID_LIMIT:
+        return      # every id in [0, ID_LIMIT): one array operation on the common path (index_bounds)
     info = np.iinfo(ids.dtype)
     bad = ((ids < 0) | (ids >= ID_LIMIT)) & (ids != info.min) & (ids != info.max)
     if bad.any():

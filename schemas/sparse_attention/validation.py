@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir._schema import DataContext
+from ..index_bounds import largest_unsigned
 from .layouts import attention_layout, is_paged
 from .selection import candidates, query_rows
 
@@ -61,10 +62,9 @@ def _uniform_ids_clean(indices: np.ndarray, seq_q: int, seq_kv: int, sparse_mode
         return False
     if indices.size == 0:
         return True
-    # -1 (padding) -> 0 and an id b -> b + 1; anything below -1, or wrapping past the top, -> a huge unsigned value.
-    # The ufuncs are called directly: an ndarray method adds a Python frame, as much as the work here.
+    # -1 (padding) -> 0 and an id b -> b + 1; anything below -1, or wrapping past the top, reads as huge unsigned
     shifted = np.add(indices, 1, dtype=indices.dtype)
-    if int(np.maximum.reduce(shifted.view(f"u{indices.dtype.itemsize}"), axis=None)) > -(-seq_kv // block):
+    if largest_unsigned(shifted) > -(-seq_kv // block):
         return False
     is_pad = shifted == 0
     if np.count_nonzero(is_pad[..., :-1] > is_pad[..., 1:]):     # padding followed by an id
