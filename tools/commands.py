@@ -9,10 +9,12 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+from onnx import ModelProto
 
 from .facade import check, fuse
 from ..ir._core import Graph
@@ -20,7 +22,7 @@ from ..ir._dot import graph_to_dot, render
 from ..ir._errors import ExecutionError, GraphError
 from ..ir._onnx_export import save_onnx
 from .model_scopes import node_scopes
-from .onnx_import import from_onnx, load_onnx, read_onnx
+from .onnx_import import from_onnx, read_onnx
 from ..runtimes import get_runtime
 from ..schemas.targets import TARGETS
 from ..ir._files import write_file
@@ -29,14 +31,22 @@ from .model_io import CommandError, load_feeds, parse_assignments, save_outputs,
 __all__ = ["check_model", "load_model", "run_example", "run_model", "show_model"]
 
 
-def load_model(path: str, symbolic_shapes: bool = False) -> Graph:
-    """The geir graph of an ONNX file; a missing or bad file is a CommandError naming it."""
+T = TypeVar("T")
+
+
+def _model_file(path: str, convert: Callable[[ModelProto], T]) -> T:
+    """``convert`` of an ONNX file's model, read once; a missing or bad file is a CommandError naming it."""
     if not Path(path).exists():
         raise CommandError(f"model {path!r}: no such file")
     try:
-        return load_onnx(path, symbolic_shapes=symbolic_shapes)
+        return convert(read_onnx(path))
     except GraphError as exc:
         raise CommandError(f"model {path!r}: {exc}") from None
+
+
+def load_model(path: str, symbolic_shapes: bool = False) -> Graph:
+    """The geir graph of an ONNX file; a missing or bad file is a CommandError naming it."""
+    return _model_file(path, lambda proto: from_onnx(proto, symbolic_shapes=symbolic_shapes))
 
 
 def _summary(array: np.ndarray) -> str:
@@ -103,14 +113,7 @@ def fuse_model(model: str, output: str, allow_stricter_data: bool = False, symbo
 def load_model_scopes(path: str) -> tuple[Graph, dict[str, tuple[str, ...]]]:
     """``load_model``'s graph and the module path of each node the file records (``tools.model_scopes``): what a
     picture clusters by. The file is read once."""
-    if not Path(path).exists():
-        raise CommandError(f"model {path!r}: no such file")
-    try:
-        proto = read_onnx(path)
-        scopes = node_scopes(proto)
-        return from_onnx(proto), scopes
-    except GraphError as exc:
-        raise CommandError(f"model {path!r}: {exc}") from None
+    return _model_file(path, lambda proto: (from_onnx(proto), node_scopes(proto)))
 
 
 def _picture_to_stdout(picture: bytes, fmt: str) -> None:
