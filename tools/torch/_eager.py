@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-__all__ = ["eager_first", "eager_ready", "registered_body"]
+__all__ = ["eager_first", "eager_ready", "plain_tensor", "registered_body"]
 
 _C = torch._C
 _TENSOR = torch.Tensor
@@ -56,7 +56,7 @@ def eager_ready() -> bool:
         include == _INFERENCE_TLS[0] and exclude == _INFERENCE_TLS[1])
 
 
-def _plain(t: Any) -> bool:
+def plain_tensor(t: Any) -> bool:
     """A plain CPU tensor (normal or inference) that autograd would not record."""
     if type(t) is not _TENSOR:
         return False
@@ -121,7 +121,7 @@ def eager_first(name: str, body: Callable[..., Any], module: str) -> Callable[..
     carries ``op`` (``torch.ops.geir.<name>``) and ``source`` (its generated code)."""
     op = getattr(torch.ops.geir, name).default
     params = inspect.signature(body).parameters
-    free: dict[str, Any] = {"_body": body, "_op": op, "_plain": _plain, "_plain_mutable": _plain_mutable,
+    free: dict[str, Any] = {"_body": body, "_op": op, "_plain": plain_tensor, "_plain_mutable": _plain_mutable,
                             "_ints": _ints, "_dtype": torch.dtype, "_compiling": torch.compiler.is_compiling,
                             "_ready": eager_ready, "_bump": torch.autograd.graph.increment_version}
     signature, checks, body_args, op_args = [], [], [], []

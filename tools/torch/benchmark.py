@@ -11,8 +11,11 @@ tiny shape, as rows of one case:
 - ``geir.run numpy, caller buffers``: the same op as a one-node graph through ``geir.run``, writing reused buffers;
 - ``PyTorch eager``: the same math in plain PyTorch ops (one batch, one KV head and block size 1 for attention);
 - tiny shape only: ``NumPy kernel + data rules`` (the op's ``..-D#`` rules, which every call and ``geir.run`` run
-  on the data: what of the overhead is the op's contract, not the glue) and ``torch.ops.geir (dispatcher)``, the
-  registered op, which skips no dispatcher work.
+  on the data: what of the overhead is the op's contract, not the glue), ``kernel + rules + tensor conversions``
+  (that, plus what any call must do per tensor: the plain-tensor check and the NumPy view of each input, the
+  tensor of each output, and the eager-mode check: the least a call that checks everything can cost; held to the
+  call's target, so that where it misses, no call that checks every tensor and runs every rule can meet it) and
+  ``torch.ops.geir (dispatcher)``, the registered op, which skips no dispatcher work.
 
 Part of ``geir.torch`` (it needs PyTorch): ``geir bench`` imports it only to run this suite, leaves the suite out
 without PyTorch, and ``geir bench torch`` then says what it needs.
@@ -40,6 +43,7 @@ from ..bench_rows import Measurement
 from ..builder import GraphBuilder
 from ..facade import run
 from ._bridge import prepare, to_numpy, to_torch
+from ._eager import eager_ready, plain_tensor
 
 __all__ = ["CALL_TARGET", "TINY", "TINY_OVERHEAD_S", "torch_measurements", "torch_permute", "torch_rotary_", "torch_sfa",
            "torch_unpermute"]
@@ -48,9 +52,9 @@ CALL_TARGET = 1.2
 """A geir.torch call on the bench shapes, as a multiple of the NumPy kernel alone."""
 TINY_OVERHEAD_S = 30e-6
 """A geir.torch call on the tiny shape: at most this much longer than the NumPy kernel alone."""
-KERNEL, CALL, RUN, EAGER, RULED, DISPATCHER = (
+KERNEL, CALL, RUN, EAGER, RULED, FLOOR, DISPATCHER = (
     "NumPy kernel alone", "geir.torch call", "geir.run numpy, caller buffers", "PyTorch eager",
-    "NumPy kernel + data rules", "torch.ops.geir (dispatcher)")
+    "NumPy kernel + data rules", "kernel + rules + tensor conversions", "torch.ops.geir (dispatcher)")
 OP = "geir.torch"
 CALLS = 1e9
 """The work of every row: one call (the table prints calls per second)."""
@@ -88,8 +92,30 @@ def _rows(function: str, case: str, tiny: bool, schema: Any, arrays: list[np.nda
         if rules is not None:
             rules(arrays)
         return kernel(*arrays, **resolved, **extra)
+
+    tensors = [to_torch(a) for a in arrays if a is not None]
+    made = [] if in_place else [o for o in _as_list(ruled()) if o is not None]
+
+    def converted() -> object:
+        """``ruled`` with what a call does per tensor around it (its results are the kernel's, the tensors made
+        from them are let go): the eager check, each input's check and NumPy view, each output's tensor."""
+        if not eager_ready():
+            raise RuntimeError("geir bench torch: the conversions row needs plain eager mode")
+        for t in tensors:
+            if not plain_tensor(t):
+                raise RuntimeError("geir bench torch: the conversions row needs plain CPU tensors")
+            to_numpy(t, "input")
+        found = ruled()
+        for o in made:
+            to_torch(o)
+        return found
     return rows + [Measurement(OP, case, RULED, ruled, CALLS, "calls/s"),
+                   Measurement(OP, case, FLOOR, converted, CALLS, "calls/s", **target),
                    Measurement(OP, case, DISPATCHER, dispatcher, CALLS, "calls/s")]
+
+
+def _as_list(outputs: object) -> list[Any]:
+    return [] if outputs is None else list(outputs) if isinstance(outputs, tuple) else [outputs]
 
 
 def _tensors(arrays: dict[str, np.ndarray | None]) -> dict[str, torch.Tensor | None]:
