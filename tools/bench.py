@@ -77,6 +77,34 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
+INTERLEAVED_ROUNDS = 30
+"""Rounds of an interleaved timing at the least (``repeat`` when that is more): each row's best of this many."""
+
+
+def interleaved_best(fns: list[Callable[[], object]], repeat: int,
+                     clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """The best time per call of each of ``fns`` over rounds that each time a batch of every one in turn (batches
+    of about ``BATCH_S``, sized after a warm-up as ``best_time`` sizes them)."""
+    time.sleep(SETTLE_S)
+    batches = []
+    for fn in fns:
+        start = clock()
+        fn()
+        first = clock() - start
+        batch = 1 if first >= BATCH_S else max(1, int(BATCH_S / max(first, 1e-7)))
+        for _ in range(batch if batch > 1 else 0):
+            fn()
+        batches.append(batch)
+    best = [float("inf")] * len(fns)
+    for _ in range(max(repeat, INTERLEAVED_ROUNDS)):
+        for i, (fn, batch) in enumerate(zip(fns, batches)):
+            start = clock()
+            for _ in range(batch):
+                fn()
+            best[i] = min(best[i], (clock() - start) / batch)
+    return best
+
+
 def _torch():
     try:
         import torch
@@ -423,12 +451,16 @@ def run_benchmarks(names: list[str] | None = None, quick: bool = False, repeat: 
     times: list[float] = []
     baseline: tuple[str, float] | None = None
     ratios: list[float | None] = []
+    timed_together: dict[int, float] = {}
     for i, m in enumerate(plan, 1):
         if progress is not None:
             done = int(30 * i / len(plan))
             progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: {m.name[:40]:<40}")
             progress.flush()
-        t = best_time(m.fn, repeat)
+        if m.interleaved and i - 1 not in timed_together:
+            group = [j for j, other in enumerate(plan) if other.interleaved and other.case == m.case]
+            timed_together.update(zip(group, interleaved_best([plan[j].fn for j in group], repeat)))
+        t = timed_together[i - 1] if m.interleaved else best_time(m.fn, repeat)
         for make, work in m.also:
             call = make()
             t = min(t, best_time(call, repeat) / work * m.work)

@@ -69,6 +69,53 @@ def test_an_overhead_target_is_marked_in_microseconds(monkeypatch):
     assert "targets: 1 met, 1 missed (of 2)" in table
 
 
+class _DriftingMachine:
+    """A clock and calls of known cost on a machine that runs three times slower every other 50 calls."""
+
+    def __init__(self) -> None:
+        self.now, self.calls = 0.0, 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self, cost: float):
+        def run() -> None:
+            self.calls += 1
+            self.now += cost * (3.0 if (self.calls // 50) % 2 else 1.0)
+        return run
+
+
+def test_interleaved_rows_get_their_best_over_shared_rounds_and_keep_their_difference(monkeypatch):
+    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+    machine = _DriftingMachine()
+    best = bench.interleaved_best([machine.call(0.02), machine.call(0.05), machine.call(0.03)], repeat=3,
+                                  clock=machine.clock)
+    assert best == pytest.approx([0.02, 0.05, 0.03])      # each row's best round ran in a fast phase
+    assert machine.calls == 3 + 3 * bench.INTERLEAVED_ROUNDS    # one warm-up each (batches of one), then the rounds
+
+
+def test_the_interleaved_rows_of_a_case_are_timed_together_and_judged_on_those_times(monkeypatch):
+    groups = []
+
+    def together(fns, repeat):
+        groups.append([fn() for fn in fns])       # each fn returns the time it "takes"
+        return [fn() for fn in fns]
+    rows = [bench.Measurement("Op", "a", "kernel", lambda: 1e-5, 1e9, "calls/s", baseline=True, interleaved=True),
+            bench.Measurement("Op", "a", "call", lambda: 4.5e-5, 1e9, "calls/s", overheads=(("kernel", 3e-5),),
+                              interleaved=True),
+            bench.Measurement("Op", "a", "alone", lambda: 7e-5, 1e9, "calls/s"),
+            bench.Measurement("Op", "b", "kernel", lambda: 2e-5, 1e9, "calls/s", baseline=True, interleaved=True),
+            bench.Measurement("Op", "b", "call", lambda: 4e-5, 1e9, "calls/s", overheads=(("kernel", 3e-5),),
+                              interleaved=True)]
+    monkeypatch.setitem(bench.SUITES, "fake", lambda quick: rows)
+    monkeypatch.setattr(bench, "interleaved_best", together)
+    monkeypatch.setattr(bench, "best_time", lambda fn, repeat: fn())
+    table = bench.run_benchmarks(["fake"], repeat=2, progress=None)
+    assert groups == [[1e-5, 4.5e-5], [2e-5, 4e-5]]             # once per case, its interleaved rows only
+    assert "MISSED <= 30 us over kernel (+35.0 us)" in table and "MET <= 30 us over kernel (+20.0 us)" in table
+    assert "targets: 1 met, 1 missed (of 2)" in table
+
+
 def _comparable(function: str, outputs: list[np.ndarray], eager: bool) -> list[np.ndarray]:
     """The outputs of a call (``eager``: of the PyTorch peer) in one layout: attention's statistics flattened, its
     grads with the rope parts joined to their heads, as the peer computes them."""

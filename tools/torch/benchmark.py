@@ -17,6 +17,9 @@ tiny shape, as rows of one case:
   call's target, so that where it misses, no call that checks every tensor and runs every rule can meet it) and
   ``torch.ops.geir (dispatcher)``, the registered op, which skips no dispatcher work.
 
+The tiny shape's rows are timed interleaved (``Measurement.interleaved``), so that their differences, a few
+microseconds, are not drowned by the machine's drift between rows timed seconds apart.
+
 Part of ``geir.torch`` (it needs PyTorch): ``geir bench`` imports it only to run this suite, leaves the suite out
 without PyTorch, and ``geir bench torch`` then says what it needs.
 """
@@ -79,12 +82,13 @@ def _rows(function: str, case: str, tiny: bool, schema: Any, arrays: list[np.nda
     graph = b.build()
     buffers = {k: np.empty_like(v) for k, v in run(graph, feeds).items()}
     target = {"overheads": ((KERNEL, TINY_OVERHEAD_S),)} if tiny else {"targets": ((KERNEL, CALL_TARGET),)}
+    together = {"interleaved": tiny}     # microseconds apart: timed in the same rounds (Measurement.interleaved)
     case = f"{function}, {case}"     # the op column is geir.torch: each function's rows are a case of their own
     rows = [Measurement(OP, case, KERNEL, lambda: kernel(*arrays, **resolved, **extra), CALLS, "calls/s",
-                        baseline=True),
-            Measurement(OP, case, CALL, call, CALLS, "calls/s", **target),
-            Measurement(OP, case, RUN, lambda: run(graph, feeds, outputs=buffers), CALLS, "calls/s"),
-            Measurement(OP, case, EAGER, eager, CALLS, "calls/s")]
+                        baseline=True, **together),
+            Measurement(OP, case, CALL, call, CALLS, "calls/s", **target, **together),
+            Measurement(OP, case, RUN, lambda: run(graph, feeds, outputs=buffers), CALLS, "calls/s", **together),
+            Measurement(OP, case, EAGER, eager, CALLS, "calls/s", **together)]
     if not tiny:
         return rows
 
@@ -109,9 +113,9 @@ def _rows(function: str, case: str, tiny: bool, schema: Any, arrays: list[np.nda
         for o in made:
             to_torch(o)
         return found
-    return rows + [Measurement(OP, case, RULED, ruled, CALLS, "calls/s"),
-                   Measurement(OP, case, FLOOR, converted, CALLS, "calls/s", **target),
-                   Measurement(OP, case, DISPATCHER, dispatcher, CALLS, "calls/s")]
+    return rows + [Measurement(OP, case, RULED, ruled, CALLS, "calls/s", **together),
+                   Measurement(OP, case, FLOOR, converted, CALLS, "calls/s", **target, **together),
+                   Measurement(OP, case, DISPATCHER, dispatcher, CALLS, "calls/s", **together)]
 
 
 def _as_list(outputs: object) -> list[Any]:
