@@ -58,16 +58,24 @@ BATCH_S = 0.005
 alone measures the timer and the CPU waking up as much as the call."""
 
 
+def _warmed_batch(fn: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> int:
+    """Calls of ``fn`` per timed batch (a batch lasts about ``BATCH_S``; one call for a longer one), after warming
+    it up: a first call (page in buffers, first-call costs, session creation), then one batch (caches and clocks
+    settle)."""
+    start = clock()
+    fn()
+    first = clock() - start
+    if first >= BATCH_S:
+        return 1
+    batch = max(1, int(BATCH_S / max(first, 1e-7)))
+    for _ in range(batch):
+        fn()
+    return batch
+
+
 def best_time(fn: Callable[[], object], repeat: int) -> float:
     time.sleep(SETTLE_S)
-    start = time.perf_counter()
-    fn()  # warm up: page in buffers, first-call costs, session creation
-    batch = 1
-    first = time.perf_counter() - start
-    if first < BATCH_S:
-        batch = max(1, int(BATCH_S / max(first, 1e-7)))
-        for _ in range(batch):      # a second warm-up at the batch size: caches and clocks settle
-            fn()
+    batch = _warmed_batch(fn)
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
@@ -84,17 +92,9 @@ INTERLEAVED_ROUNDS = 30
 def interleaved_best(fns: list[Callable[[], object]], repeat: int,
                      clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """The best time per call of each of ``fns`` over rounds that each time a batch of every one in turn (batches
-    of about ``BATCH_S``, sized after a warm-up as ``best_time`` sizes them)."""
+    sized and warmed up as ``best_time``'s)."""
     time.sleep(SETTLE_S)
-    batches = []
-    for fn in fns:
-        start = clock()
-        fn()
-        first = clock() - start
-        batch = 1 if first >= BATCH_S else max(1, int(BATCH_S / max(first, 1e-7)))
-        for _ in range(batch if batch > 1 else 0):
-            fn()
-        batches.append(batch)
+    batches = [_warmed_batch(fn, clock) for fn in fns]
     best = [float("inf")] * len(fns)
     for _ in range(max(repeat, INTERLEAVED_ROUNDS)):
         for i, (fn, batch) in enumerate(zip(fns, batches)):
