@@ -88,3 +88,52 @@ def test_unknown_modes_and_bad_slices_are_rule_errors():
     with pytest.raises(geir.GraphError) as rank:
         gt.inplace_partial_rotary_mul(x[0], cos, sin, partial_slice=SLICE)
     assert rank.value.rule == "RP-S1"
+
+
+IN_PLACE = [gt.inplace_partial_rotary_mul, gt.inplace_partial_rotary_mul_backward]
+
+
+@pytest.mark.parametrize("call", IN_PLACE, ids=lambda f: f.__name__)
+def test_a_written_tensor_autograd_records_is_refused_not_silently_missed(call):
+    cos, sin = _tables(torch.float32)
+    leaf = torch.randn(B, S, N, D, requires_grad=True)
+    for x in (leaf, leaf * 1):                     # a leaf, and a tensor autograd computed
+        before = x.detach().clone()
+        with pytest.raises(geir.ExecutionError, match="requires grad: autograd cannot record this in-place op") as e:
+            call(x, cos, sin, partial_slice=SLICE)
+        assert "partial_rotary_mul" in str(e.value) and "torch.no_grad()" in str(e.value)
+        assert torch.equal(x.detach(), before)
+    expected = leaf.detach().clone()
+    call(expected, cos, sin, partial_slice=SLICE)
+    with torch.no_grad():                          # as torch's own in-place ops: allowed where nothing is recorded
+        call(leaf, cos, sin, partial_slice=SLICE)
+    assert torch.equal(leaf.detach(), expected)
+
+
+@pytest.mark.parametrize("path", ["public", "op"])
+@pytest.mark.parametrize("call", IN_PLACE, ids=lambda f: f.__name__)
+def test_a_target_whose_elements_share_memory_is_refused(call, path):
+    cos, sin = _tables(torch.float32)
+    rotate = call if path == "public" else call.op
+    expanded = torch.randn(B, S, N, 1).expand(B, S, N, D)
+    overlapping = torch.randn(B * S * N * D).as_strided((B, S, N, D), (1, 2, 3, 1))
+    for x in (expanded, overlapping):
+        before = x.clone()
+        with pytest.raises(geir.ExecutionError, match="more than one of its elements refers to the same memory"):
+            rotate(x, cos, sin, partial_slice=SLICE)
+        assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("path", ["public", "op"])
+def test_an_inference_tensor_is_rotated_in_place_only_in_inference_mode(path):
+    cos, sin = _tables(torch.float32)
+    rotate = gt.inplace_partial_rotary_mul if path == "public" else gt.inplace_partial_rotary_mul.op
+    with torch.inference_mode():
+        x = torch.randn(B, S, N, D)
+    expected = x.clone()
+    gt.inplace_partial_rotary_mul(expected, cos, sin, partial_slice=SLICE)
+    with pytest.raises(geir.ExecutionError, match="inference tensor"):
+        rotate(x, cos, sin, partial_slice=SLICE)
+    with torch.inference_mode():
+        rotate(x, cos, sin, partial_slice=SLICE)
+    assert torch.equal(x, expected)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ...ir._errors import GraphError
+from ...ir._errors import ExecutionError, GraphError
 from ...schemas import rotary as schemas
 from ._bridge import call, to_numpy
 
@@ -41,6 +41,35 @@ def rotary_attributes(op: str, rotary_mode: str, partial_slice: Sequence[int]) -
     return {"rotary_mode": mode, "partial_slice": list(partial_slice)}
 
 
+def _may_overlap(x: Tensor) -> bool:
+    """Whether two elements of ``x`` may share memory: torch says they do, or (a layout torch does not decide) its
+    dims by decreasing stride are not each longer than the span of the ones below. That test passes for every view
+    made by slicing, stepping or permuting a tensor, so only a hand-made ``as_strided`` layout, overlapping or not,
+    is refused, never rotated into elements that alias."""
+    found = torch._debug_has_internal_overlap(x)     # 0: no overlap, 1: overlap, 2: too hard to tell
+    if found != 2 or x.numel() == 0:
+        return found == 1
+    span = 0
+    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
+        if stride <= span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
+def check_in_place_target(op: str, name: str, x: Tensor) -> None:
+    """ExecutionError for a tensor the in-place ops may not rotate, as torch's own in-place ops refuse them: one whose
+    elements may share memory (an expanded or overlapping view: each write would land on several elements), an
+    inference tensor outside inference mode. (A tensor autograd records is refused by the public functions,
+    ``_eager``: the op's body runs with grad mode off and cannot tell.)"""
+    if _may_overlap(x):
+        raise ExecutionError(f"{op}: '{name}': more than one of its elements refers to the same memory (an expanded "
+                             "or overlapping view): rotate a .clone() of it", node=op)
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        raise ExecutionError(f"{op}: '{name}' is an inference tensor: torch allows updating it in place only inside "
+                             "torch.inference_mode()", node=op)
+
+
 def _rotate(schema: Any, op: str, x: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str,
             partial_slice: Sequence[int]) -> None:
     arrays = [to_numpy(x, schema.inputs[0].name), to_numpy(r1, "r1"), to_numpy(r2, "r2")]
@@ -52,6 +81,7 @@ def _rotate(schema: Any, op: str, x: Tensor, r1: Tensor, r2: Tensor, rotary_mode
 def inplace_partial_rotary_mul(x: Tensor, r1: Tensor, r2: Tensor, *, rotary_mode: str = "interleave",
                                partial_slice: Sequence[int] = (0, 0)) -> None:
     """Rotate ``x[..., start:end]`` in place (InplacePartialRotaryMul)."""
+    check_in_place_target("inplace_partial_rotary_mul", "x", x)
     _rotate(schemas.FORWARD, "inplace_partial_rotary_mul", x, r1, r2, rotary_mode, partial_slice)
 
 
@@ -67,6 +97,7 @@ def inplace_partial_rotary_mul_backward(grad_output: Tensor, r1: Tensor, r2: Ten
                                         rotary_mode: str = "interleave",
                                         partial_slice: Sequence[int] = (0, 0)) -> None:
     """Replace ``grad_output`` by the gradient w.r.t. x, in place (InplacePartialRotaryMulGrad)."""
+    check_in_place_target("inplace_partial_rotary_mul_backward", "grad_output", grad_output)
     _rotate(schemas.GRAD, "inplace_partial_rotary_mul_backward", grad_output, r1, r2, rotary_mode, partial_slice)
 
 
@@ -123,9 +154,10 @@ partial_rotary_mul.register_autograd(_backward, setup_context=_setup)
 from ._eager import eager_first, registered_body  # noqa: E402
 
 inplace_partial_rotary_mul = eager_first("inplace_partial_rotary_mul", registered_body(inplace_partial_rotary_mul),
-                                         __name__)
-inplace_partial_rotary_mul_backward = eager_first("inplace_partial_rotary_mul_backward",
-                                                  registered_body(inplace_partial_rotary_mul_backward), __name__)
+                                         __name__, "use geir.torch.partial_rotary_mul (the differentiable form)")
+inplace_partial_rotary_mul_backward = eager_first(
+    "inplace_partial_rotary_mul_backward", registered_body(inplace_partial_rotary_mul_backward), __name__,
+    "use geir.torch.partial_rotary_mul_backward (the differentiable form)")
 partial_rotary_mul = eager_first("partial_rotary_mul", registered_body(partial_rotary_mul), __name__)
 partial_rotary_mul_backward = eager_first("partial_rotary_mul_backward", registered_body(partial_rotary_mul_backward),
                                           __name__)
