@@ -139,3 +139,38 @@ def test_a_tensor_off_the_cpu_is_a_clear_error():
 
     with pytest.raises(geir.ExecutionError, match="CPU only"):
         to_numpy(torch.empty(2, 2, device="meta"), "permuted_tokens")
+
+
+@pytest.mark.parametrize("path", ["public", "op"])
+def test_a_negative_row_count_is_refused_not_read_as_a_slice(path):
+    x, ids, probs = _routing(7)
+    permuted, slots = gt.npu_moe_token_permute(x, ids)
+    grad = torch.randn(T, H)
+    call = gt.npu_moe_token_unpermute_grad_v2 if path == "public" else gt.npu_moe_token_unpermute_grad_v2.op
+    for rows, weights in ((-1, None), (-T * K, None), (-1, probs)):
+        with pytest.raises(geir.GraphError) as refused:
+            call(grad, slots, rows, torch.float32, weights)
+        assert refused.value.rule == "MG-S3" and f"[0, {T * K}]" in str(refused.value) and f"got {rows}" in str(
+            refused.value)
+
+
+@pytest.mark.parametrize("path", ["public", "op"])
+def test_none_for_a_required_tensor_names_the_input(path):
+    x, ids, probs = _routing(8)
+    permuted, slots = gt.npu_moe_token_permute(x, ids)
+    unpermute = gt.npu_moe_token_unpermute if path == "public" else gt.npu_moe_token_unpermute.op
+    with pytest.raises(geir.GraphError, match="input 'sorted_indices': expected a tensor, got None"):
+        unpermute(permuted, None, probs)
+    with pytest.raises(geir.GraphError, match="input 'permuted_tokens': expected a tensor, got None") as found:
+        unpermute(None, slots, probs)
+    assert found.value.location is not None and found.value.location.filename == __file__   # the caller's line
+
+
+def test_a_wrong_rank_with_dropped_rows_is_reported_with_the_callers_shape():
+    x, ids, probs = _routing(9)
+    permuted, slots = gt.npu_moe_token_permute(x, ids)
+    rows = T * K - 4                                    # rows dropped: a 2-D permuted_tokens would be padded
+    with pytest.raises(geir.GraphError) as refused:
+        gt.npu_moe_token_unpermute_grad_v2(torch.randn(T, H), slots, rows, torch.float32, probs, False, None,
+                                           torch.randn(rows, 2, H // 2))
+    assert refused.value.rule == "MG-S3" and f"[{rows},2,{H // 2}]" in str(refused.value)

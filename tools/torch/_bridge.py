@@ -41,7 +41,11 @@ MAX_PREPARED = 4096
 
 
 def to_numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
-    """A NumPy view of a CPU tensor's memory (no copy; strides kept); ExecutionError for any other device."""
+    """A NumPy view of a CPU tensor's memory (no copy; strides kept); ExecutionError for any other device, GraphError
+    for None (torch's dispatcher lets None through for a required Tensor argument)."""
+    if tensor is None:
+        raise GraphError(f"geir.torch: input '{name}': expected a tensor, got None (it is not optional)",
+                         location=_caller())
     if not tensor.is_cpu:
         raise ExecutionError(f"geir.torch: '{name}' is a {tensor.device.type} tensor ({tensor.device}): geir computes "
                              "on the CPU only (no GPU path yet); move it with .cpu()")

@@ -103,10 +103,11 @@ def npu_moe_token_unpermute_grad_v2(grad_unpermuted_tokens: Tensor, sorted_indic
     if grad.dtype != permuted_tokens_dtype:
         raise GraphError(f"npu_moe_token_unpermute_grad_v2: grad_unpermuted_tokens: dtype: expected "
                          f"permuted_tokens_dtype {permuted_tokens_dtype}, got {grad.dtype}")
-    if rows > slots:
-        raise GraphError(f"[MG-S3] npu_moe_token_unpermute_grad_v2: permuted_tokens_size_0: expected <= "
-                         f"{slots} (len(sorted_indices)), got {rows}", rule="MG-S3")
-    if permuted_tokens is not None and rows < slots and permuted_tokens.shape[0] == rows:
+    if not 0 <= rows <= slots:
+        raise GraphError(f"[MG-S3] npu_moe_token_unpermute_grad_v2: permuted_tokens_size_0: expected a row count in "
+                         f"[0, {slots}] (len(sorted_indices)), got {rows}", rule="MG-S3")
+    if permuted_tokens is not None and rows < slots and permuted_tokens.dim() == 2 and permuted_tokens.shape[0] == rows:
+        # (another rank is MG-S3's error, which then shows the caller's shape, not the padded one)
         permuted_tokens = torch.cat([permuted_tokens, permuted_tokens.new_zeros(
             (slots - rows, *permuted_tokens.shape[1:]))])
     arrays = _grad_arrays(permuted_tokens, grad, sorted_indices, probs)
