@@ -87,6 +87,8 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
 
 INTERLEAVED_ROUNDS = 30
 """Rounds of an interleaved timing at the least (``repeat`` when that is more): each row's best of this many."""
+INTERLEAVED_LONG_ROUNDS = 7
+"""The same where a call lasts longer than a batch (milliseconds to seconds each): fewer, as ``best_time``."""
 
 
 def interleaved_best(fns: list[Callable[[], object]], repeat: int,
@@ -96,7 +98,7 @@ def interleaved_best(fns: list[Callable[[], object]], repeat: int,
     time.sleep(SETTLE_S)
     batches = [_warmed_batch(fn, clock) for fn in fns]
     best = [float("inf")] * len(fns)
-    for _ in range(max(repeat, INTERLEAVED_ROUNDS)):
+    for _ in range(max(repeat, INTERLEAVED_ROUNDS if min(batches) > 1 else INTERLEAVED_LONG_ROUNDS)):
         for i, (fn, batch) in enumerate(zip(fns, batches)):
             start = clock()
             for _ in range(batch):

@@ -70,10 +70,10 @@ def test_an_overhead_target_is_marked_in_microseconds(monkeypatch):
 
 
 class _DriftingMachine:
-    """A clock and calls of known cost on a machine that runs three times slower every other 50 calls."""
+    """A clock and calls of known cost on a machine that runs three times slower every other ``phase`` calls."""
 
-    def __init__(self) -> None:
-        self.now, self.calls = 0.0, 0
+    def __init__(self, phase: int = 50) -> None:
+        self.now, self.calls, self.phase = 0.0, 0, phase
 
     def clock(self) -> float:
         return self.now
@@ -81,7 +81,7 @@ class _DriftingMachine:
     def call(self, cost: float):
         def run() -> None:
             self.calls += 1
-            self.now += cost * (3.0 if (self.calls // 50) % 2 else 1.0)
+            self.now += cost * (3.0 if (self.calls // self.phase) % 2 else 1.0)
         return run
 
 
@@ -91,7 +91,13 @@ def test_interleaved_rows_get_their_best_over_shared_rounds_and_keep_their_diffe
     best = bench.interleaved_best([machine.call(0.02), machine.call(0.05), machine.call(0.03)], repeat=3,
                                   clock=machine.clock)
     assert best == pytest.approx([0.02, 0.05, 0.03])      # each row's best round ran in a fast phase
-    assert machine.calls == 3 + 3 * bench.INTERLEAVED_ROUNDS    # one warm-up each (batches of one), then the rounds
+    assert machine.calls == 3 + 3 * bench.INTERLEAVED_LONG_ROUNDS    # a warm-up each (calls longer than a batch)
+    short = _DriftingMachine(phase=2000)
+    costs = (2.0**-13, 2.0**-12)                     # about 0.1 and 0.2 ms, summed exactly by the fake clock
+    best = bench.interleaved_best([short.call(c) for c in costs], repeat=3, clock=short.clock)
+    assert best == pytest.approx(list(costs))
+    batches = [int(bench.BATCH_S / c) for c in costs]
+    assert short.calls == sum(1 + b + b * bench.INTERLEAVED_ROUNDS for b in batches)  # warm-ups, then 30 rounds
 
 
 def test_the_interleaved_rows_of_a_case_are_timed_together_and_judged_on_those_times(monkeypatch):
@@ -151,6 +157,8 @@ def test_quick_rows_compute_the_same_and_carry_their_targets():
         call = named[bt.CALL]
         assert (call.overheads, call.targets) == ((((bt.KERNEL, 30e-6),), ()) if small else
                                                    ((), ((bt.KERNEL, 1.2),)))
+        assert [name for name, row in named.items() if row.interleaved] == (list(named) if small else
+                                                                           [bt.KERNEL, bt.CALL])
         if small:       # the floor is held to the call's target: where it misses, no call that checks all can meet it
             assert (named[bt.FLOOR].overheads, named[bt.FLOOR].targets) == (call.overheads, call.targets)
         exact = [bt.KERNEL, bt.RUN] + ([bt.RULED, bt.FLOOR, bt.DISPATCHER] if small else [])

@@ -17,8 +17,9 @@ tiny shape, as rows of one case:
   call's target, so that where it misses, no call that checks every tensor and runs every rule can meet it) and
   ``torch.ops.geir (dispatcher)``, the registered op, which skips no dispatcher work.
 
-The tiny shape's rows are timed interleaved (``Measurement.interleaved``), so that their differences, a few
-microseconds, are not drowned by the machine's drift between rows timed seconds apart.
+The call and the kernel, and on the tiny shape every row, are timed interleaved (``Measurement.interleaved``), so
+that their differences (a few microseconds on the tiny shape, a few percent on the bench shapes) are not drowned by
+the machine's drift between rows timed seconds apart.
 
 Part of ``geir.torch`` (it needs PyTorch): ``geir bench`` imports it only to run this suite, leaves the suite out
 without PyTorch, and ``geir bench torch`` then says what it needs.
@@ -82,11 +83,12 @@ def _rows(function: str, case: str, tiny: bool, schema: Any, arrays: list[np.nda
     graph = b.build()
     buffers = {k: np.empty_like(v) for k, v in run(graph, feeds).items()}
     target = {"overheads": ((KERNEL, TINY_OVERHEAD_S),)} if tiny else {"targets": ((KERNEL, CALL_TARGET),)}
-    together = {"interleaved": tiny}     # microseconds apart: timed in the same rounds (Measurement.interleaved)
+    # the call and the kernel it wraps (and on the tiny shape every row) in the same rounds: Measurement.interleaved
+    together, pair = {"interleaved": tiny}, {"interleaved": True}
     case = f"{function}, {case}"     # the op column is geir.torch: each function's rows are a case of their own
     rows = [Measurement(OP, case, KERNEL, lambda: kernel(*arrays, **resolved, **extra), CALLS, "calls/s",
-                        baseline=True, **together),
-            Measurement(OP, case, CALL, call, CALLS, "calls/s", **target, **together),
+                        baseline=True, **pair),
+            Measurement(OP, case, CALL, call, CALLS, "calls/s", **target, **pair),
             Measurement(OP, case, RUN, lambda: run(graph, feeds, outputs=buffers), CALLS, "calls/s", **together),
             Measurement(OP, case, EAGER, eager, CALLS, "calls/s", **together)]
     if not tiny:
