@@ -280,3 +280,31 @@ def test_compile_fullgraph_records_the_op_itself():
     targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
     assert {"geir.npu_moe_token_permute.default", "geir.npu_moe_token_unpermute.default"} <= targets
     assert calls and torch.equal(got, step(x, ids, probs))
+
+
+PUBLIC = ["npu_moe_token_permute", "npu_moe_token_permute_grad_v2", "npu_moe_token_unpermute",
+          "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "npu_sparse_flash_attention",
+          "sparse_flash_attention", "npu_sparse_flash_attention_grad", "inplace_partial_rotary_mul",
+          "inplace_partial_rotary_mul_backward", "partial_rotary_mul", "partial_rotary_mul_backward"]
+_FILLER = {"int": 1, "SymInt": 1, "float": 0.5, "bool": False, "str": "BSND", "ScalarType": torch.float32}
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_none_for_a_required_tensor_is_an_error_naming_the_function_and_the_input(name):
+    """torch's dispatcher lets None through for a required Tensor: each function says so before calling the op,
+    instead of an AttributeError from inside its body."""
+    fn = getattr(gt, name)
+    schema = fn.op.default._schema
+    required = [a.name for a in schema.arguments if str(a.real_type) == "Tensor"]
+    assert required
+    for missing in required:
+        positional, keywords = [], {}
+        for a in schema.arguments:
+            if a.has_default_value():
+                continue
+            kind = str(a.real_type)
+            value = None if a.name == missing else torch.ones(2) if kind == "Tensor" else _FILLER[kind]
+            (keywords.__setitem__(a.name, value) if a.kwarg_only else positional.append(value))
+        with pytest.raises(geir.GraphError, match=f"^{name}: input '{missing}': expected a tensor, got None") as e:
+            fn(*positional, **keywords)
+        assert e.value.location is not None and e.value.location.filename == __file__     # the caller's line

@@ -154,18 +154,6 @@ def test_a_negative_row_count_is_refused_not_read_as_a_slice(path):
             refused.value)
 
 
-@pytest.mark.parametrize("path", ["public", "op"])
-def test_none_for_a_required_tensor_names_the_input(path):
-    x, ids, probs = _routing(8)
-    permuted, slots = gt.npu_moe_token_permute(x, ids)
-    unpermute = gt.npu_moe_token_unpermute if path == "public" else gt.npu_moe_token_unpermute.op
-    with pytest.raises(geir.GraphError, match="input 'sorted_indices': expected a tensor, got None"):
-        unpermute(permuted, None, probs)
-    with pytest.raises(geir.GraphError, match="input 'permuted_tokens': expected a tensor, got None") as found:
-        unpermute(None, slots, probs)
-    assert found.value.location is not None and found.value.location.filename == __file__   # the caller's line
-
-
 def test_a_wrong_rank_with_dropped_rows_is_reported_with_the_callers_shape():
     x, ids, probs = _routing(9)
     permuted, slots = gt.npu_moe_token_permute(x, ids)

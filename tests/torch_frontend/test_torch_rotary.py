@@ -93,21 +93,23 @@ def test_unknown_modes_and_bad_slices_are_rule_errors():
 IN_PLACE = [gt.inplace_partial_rotary_mul, gt.inplace_partial_rotary_mul_backward]
 
 
+@pytest.mark.parametrize("path", ["public", "op"])
 @pytest.mark.parametrize("call", IN_PLACE, ids=lambda f: f.__name__)
-def test_a_written_tensor_autograd_records_is_refused_not_silently_missed(call):
+def test_a_written_tensor_autograd_records_is_refused_not_silently_missed(call, path):
     cos, sin = _tables(torch.float32)
+    rotate = call if path == "public" else call.op          # torch.ops.geir.<name>: its own Autograd kernel refuses
     leaf = torch.randn(B, S, N, D, requires_grad=True)
     for x in (leaf, leaf * 1):                     # a leaf, and a tensor autograd computed
         before = x.detach().clone()
         with pytest.raises(geir.ExecutionError, match="requires grad: autograd cannot record this in-place op") as e:
-            call(x, cos, sin, partial_slice=SLICE)
+            rotate(x, cos, sin, partial_slice=SLICE)
         assert "partial_rotary_mul" in str(e.value) and "torch.no_grad()" in str(e.value)
         assert torch.equal(x.detach(), before)
     expected = leaf.detach().clone()
     call(expected, cos, sin, partial_slice=SLICE)
     with torch.no_grad():                          # as torch's own in-place ops: allowed where nothing is recorded
-        call(leaf, cos, sin, partial_slice=SLICE)
-    assert torch.equal(leaf.detach(), expected)
+        rotate(leaf, cos, sin, partial_slice=SLICE)
+    assert torch.equal(leaf.detach(), expected) and leaf.grad is None
 
 
 @pytest.mark.parametrize("path", ["public", "op"])
@@ -137,3 +139,25 @@ def test_an_inference_tensor_is_rotated_in_place_only_in_inference_mode(path):
     with torch.inference_mode():
         rotate(x, cos, sin, partial_slice=SLICE)
     assert torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("path", ["public", "op"])
+def test_a_target_sharing_memory_with_a_table_is_refused(path):
+    rotate = gt.inplace_partial_rotary_mul if path == "public" else gt.inplace_partial_rotary_mul.op
+    x = torch.randn(B, S, N, D)
+    cos, sin = _tables(torch.float32)
+    for r1, r2 in ((x[:1, :, :1, SLICE[0]:SLICE[1]], sin), (cos, x[:1, :, 2:, :SLICE[1] - SLICE[0]])):
+        before = x.clone()
+        with pytest.raises(geir.ExecutionError, match="'x' shares memory with 'r[12]'"):
+            rotate(x, r1, r2, partial_slice=SLICE)
+        assert torch.equal(x, before)
+
+
+def test_permuted_and_sliced_views_are_rotated_in_place_not_refused():
+    cos, sin = _tables(torch.float32)
+    base = torch.randn(B, N, S, D + 6)
+    view = base.permute(0, 2, 1, 3)[..., 3:3 + D]            # (B, S, N, D): permuted, then sliced
+    expected = view.clone()
+    gt.inplace_partial_rotary_mul(expected, cos, sin, partial_slice=SLICE)
+    gt.inplace_partial_rotary_mul(view, cos, sin, partial_slice=SLICE)
+    assert torch.equal(view, expected) and torch.equal(base.permute(0, 2, 1, 3)[..., 3:3 + D], expected)

@@ -31,7 +31,7 @@ from ...runtimes.numpy._kernels import kernel_for
 from ...schemas import DataContext
 from ..builder import GraphBuilder
 
-__all__ = ["Prepared", "call", "prepare", "signature_key", "to_numpy", "to_torch"]
+__all__ = ["Prepared", "call", "caller_location", "prepare", "signature_key", "to_numpy", "to_torch"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _TORCH_BF16 = torch.bfloat16
@@ -45,7 +45,7 @@ def to_numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
     for None (torch's dispatcher lets None through for a required Tensor argument)."""
     if tensor is None:
         raise GraphError(f"geir.torch: input '{name}': expected a tensor, got None (it is not optional)",
-                         location=_caller())
+                         location=caller_location())
     if not tensor.is_cpu:
         raise ExecutionError(f"geir.torch: '{name}' is a {tensor.device.type} tensor ({tensor.device}): geir computes "
                              "on the CPU only (no GPU path yet); move it with .cpu()")
@@ -106,7 +106,7 @@ def prepare(schema: OpSchema, arrays: Sequence[np.ndarray | None], attributes: M
     try:
         node = _one_node_graph(schema, arrays, attributes)
     except GraphError as exc:   # built inside torch's dispatcher: point at the caller's line, not torch's
-        raise GraphError(exc.message, rule=exc.rule, node=exc.node, location=_caller()) from None
+        raise GraphError(exc.message, rule=exc.rule, node=exc.node, location=caller_location()) from None
     kernel = kernel_for(schema)
     assert kernel is not None, schema.op_type
     if len(_PREPARED) >= MAX_PREPARED:
@@ -150,7 +150,7 @@ def _checked_as(allowed: Sequence[Any], dtype: np.dtype) -> Any:
     return next((d for d in allowed if np.issubdtype(np.dtype(d.numpy), np.floating)), f32)
 
 
-def _caller() -> SourceLocation | None:
+def caller_location() -> SourceLocation | None:
     """The innermost frame outside geir and torch: the line that called the ``geir.torch`` function."""
     frame = sys._getframe(1)
     while frame is not None:

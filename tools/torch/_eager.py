@@ -19,10 +19,8 @@ a function with the op's signature that takes that shortcut only then and calls 
   functorch transform (vmap, grad, functionalize), no forward-AD level, no JIT trace, no autograd profiler, and the
   thread's dispatch key include/exclude sets those of plain eager or of inference mode.
 
-An op that writes an argument in place cannot be recorded by autograd (torch.library refuses an autograd formula
-for it, and runs its body with grad mode off, where it cannot tell): its function refuses, with an ExecutionError
-on every path, a written tensor that requires grad while grad mode is on, where autograd would silently miss the
-write (torch's own in-place ops record it, or refuse a leaf).
+None for a required Tensor argument, which torch's dispatcher lets through, is a GraphError naming the op and the
+input (before the op is called), not an AttributeError from inside its body.
 
 Omitted arguments get the body's own defaults, as the dispatcher leaves them to the body. The op's output check
 (an output may not alias an input) is not repeated: every body returns tensors made from its kernel's fresh
@@ -38,7 +36,8 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from ...ir._errors import ExecutionError
+from ...ir._errors import GraphError
+from ._bridge import caller_location
 
 __all__ = ["eager_first", "eager_ready", "plain_tensor", "registered_body"]
 
@@ -119,27 +118,24 @@ def _argument(arg: Any, name: str, params: Mapping[str, inspect.Parameter],
             f"{a}={converted}" if keyword else converted, f"{a}={a}" if arg.kwarg_only else a)
 
 
-def _untracked_write(name: str, argument: str, hint: str) -> ExecutionError:
-    return ExecutionError(f"{name}: '{argument}' requires grad: autograd cannot record this in-place op (the gradient "
-                          f"would silently miss it); {hint + ', or ' if hint else ''}call it under torch.no_grad()",
-                          node=name)
+def _missing(op: str, argument: str) -> GraphError:
+    return GraphError(f"{op}: input '{argument}': expected a tensor, got None (it is not optional)",
+                      node=op, location=caller_location())
 
 
-def eager_first(name: str, body: Callable[..., Any], module: str, in_place_hint: str = "") -> Callable[..., Any]:
+def eager_first(name: str, body: Callable[..., Any], module: str) -> Callable[..., Any]:
     """``torch.ops.geir.<name>``'s signature as a function that calls ``body`` (the op's own body, or one the op's
     registration provably calls with the same arguments) where the dispatcher would add nothing, else the op.
 
     ``body`` takes the schema's arguments in order (keyword-only ones by keyword where it declares them so);
-    the function's defaults are ``body``'s (what the dispatcher leaves an omitted argument to). ``in_place_hint``:
-    what to use instead, in the error for a written argument that requires grad. The function carries ``op``
-    (``torch.ops.geir.<name>``) and ``source`` (its generated code)."""
+    the function's defaults are ``body``'s (what the dispatcher leaves an omitted argument to). The function
+    carries ``op`` (``torch.ops.geir.<name>``) and ``source`` (its generated code)."""
     op = getattr(torch.ops.geir, name).default
     params = inspect.signature(body).parameters
     free: dict[str, Any] = {"_body": body, "_op": op, "_plain": plain_tensor, "_plain_mutable": _plain_mutable,
                             "_ints": _ints, "_dtype": torch.dtype, "_compiling": torch.compiler.is_compiling,
                             "_ready": eager_ready, "_bump": torch.autograd.graph.increment_version,
-                            "_grad": _C.is_grad_enabled, "_T": _TENSOR, "_untracked": _untracked_write,
-                            "_hint": in_place_hint}
+                            "_missing": _missing}
     signature, checks, body_args, op_args = [], [], [], []
     for arg in op._schema.arguments:
         if arg.kwarg_only and "*" not in signature:
@@ -150,13 +146,13 @@ def eager_first(name: str, body: Callable[..., Any], module: str, in_place_hint:
         body_args.append(body_arg)
         op_args.append(op_arg)
     bumps = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    required = [a.name for a in op._schema.arguments if str(a.real_type) == "Tensor"]
     lines = [f"def _make({', '.join(free)}):",
              f"    def {name}({', '.join(signature)}):",
              f"        if not _compiling() and _ready() and {' and '.join(checks)}:",
              *[f"            _bump({a})" for a in bumps],          # as the op's ADInplaceOrView kernel, first
              f"            return _body({', '.join(body_args)})",
-             *[f"        if _grad() and isinstance({a}, _T) and {a}.requires_grad:\n"
-               f"            raise _untracked({name!r}, {a!r}, _hint)" for a in bumps],
+             *[f"        if {a} is None:\n            raise _missing({name!r}, {a!r})" for a in required],
              f"        return _op({', '.join(op_args)})",
              f"    return {name}"]
     source = "\n".join(lines)

@@ -82,6 +82,14 @@ def _(permuted_tokens: Tensor, grad_unpermuted_tokens: Tensor, sorted_indices: T
     return rows, probs.new_empty(probs.shape) if probs is not None else grad.new_empty((grad.shape[0], 1))
 
 
+def _check_row_count(rows: int, slots: int) -> None:
+    """MG-S3 on grad_v2's ``permuted_tokens_size_0``: the forward's row count, in [0, len(sorted_indices)] (a negative
+    one would otherwise be read as a slice from the end); the same on real and fake tensors."""
+    if not 0 <= rows <= slots:
+        raise GraphError(f"[MG-S3] npu_moe_token_unpermute_grad_v2: permuted_tokens_size_0: expected a row count in "
+                         f"[0, {slots}] (len(sorted_indices)), got {rows}", rule="MG-S3")
+
+
 @torch.library.custom_op(
     "geir::npu_moe_token_unpermute_grad_v2", mutates_args=(),
     schema="(Tensor grad_unpermuted_tokens, Tensor sorted_indices, SymInt permuted_tokens_size_0, "
@@ -103,9 +111,7 @@ def npu_moe_token_unpermute_grad_v2(grad_unpermuted_tokens: Tensor, sorted_indic
     if grad.dtype != permuted_tokens_dtype:
         raise GraphError(f"npu_moe_token_unpermute_grad_v2: grad_unpermuted_tokens: dtype: expected "
                          f"permuted_tokens_dtype {permuted_tokens_dtype}, got {grad.dtype}")
-    if not 0 <= rows <= slots:
-        raise GraphError(f"[MG-S3] npu_moe_token_unpermute_grad_v2: permuted_tokens_size_0: expected a row count in "
-                         f"[0, {slots}] (len(sorted_indices)), got {rows}", rule="MG-S3")
+    _check_row_count(rows, slots)
     if permuted_tokens is not None and rows < slots and permuted_tokens.dim() == 2 and permuted_tokens.shape[0] == rows:
         # (another rank is MG-S3's error, which then shows the caller's shape, not the padded one)
         permuted_tokens = torch.cat([permuted_tokens, permuted_tokens.new_zeros(
@@ -124,6 +130,7 @@ def _(grad_unpermuted_tokens: Tensor, sorted_indices: Tensor, permuted_tokens_si
       permuted_tokens_dtype: torch.dtype, probs: Tensor | None = None, padded_mode: bool = False,
       restore_shape: Sequence[int] | None = None, permuted_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     grad = grad_unpermuted_tokens
+    _check_row_count(permuted_tokens_size_0, sorted_indices.shape[0])
     rows = grad.new_empty((permuted_tokens_size_0, grad.shape[1]), dtype=permuted_tokens_dtype)
     return rows, probs.new_empty(probs.shape) if probs is not None else grad.new_empty(())
 

@@ -10,6 +10,11 @@ torch.library refuses autograd on an op that mutates its input ("Cannot register
 non-functional operator"), so the differentiable form is the functional pair ``partial_rotary_mul`` (a copy of x,
 rotated) and ``partial_rotary_mul_backward``, wired as the in-place op's backward: dx = the rotary grad of dy.
 cos and sin get no gradient: the grad op computes dx only.
+
+The in-place ops refuse what torch's own in-place ops refuse, instead of giving a silently wrong result: a written
+tensor that requires grad while grad mode is on (autograd cannot record the rotation: their Autograd kernel raises,
+on every path, ``torch.ops.geir.*`` included), a written tensor whose elements may share memory, one that shares
+memory with cos or sin, and an inference tensor outside inference mode.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...ir._errors import ExecutionError, GraphError
@@ -42,11 +48,12 @@ def rotary_attributes(op: str, rotary_mode: str, partial_slice: Sequence[int]) -
 
 
 def _may_overlap(x: Tensor) -> bool:
-    """Whether two elements of ``x`` may share memory: torch says they do, or (a layout torch does not decide) its
-    dims by decreasing stride are not each longer than the span of the ones below. That test passes for every view
-    made by slicing, stepping or permuting a tensor, so only a hand-made ``as_strided`` layout, overlapping or not,
-    is refused, never rotated into elements that alias."""
-    found = torch._debug_has_internal_overlap(x)     # 0: no overlap, 1: overlap, 2: too hard to tell
+    """Whether two elements of ``x`` may share memory: torch says they do, or (a layout torch does not decide) the
+    stride of some dim, taken by increasing stride, is not greater than the span of the dims of smaller stride.
+    Every view made by slicing, stepping or permuting a non-overlapping tensor passes that test, so only a
+    hand-made ``as_strided`` layout, overlapping or not, is refused, never rotated into elements that alias."""
+    found = torch._debug_has_internal_overlap(x)     # private, the check torch's own in-place ops make: 0 no, 1 yes,
+    # 2 too hard to tell
     if found != 2 or x.numel() == 0:
         return found == 1
     span = 0
@@ -57,11 +64,13 @@ def _may_overlap(x: Tensor) -> bool:
     return False
 
 
-def check_in_place_target(op: str, name: str, x: Tensor) -> None:
+def _check_in_place_target(op: str, name: str, x: Tensor) -> None:
     """ExecutionError for a tensor the in-place ops may not rotate, as torch's own in-place ops refuse them: one whose
     elements may share memory (an expanded or overlapping view: each write would land on several elements), an
-    inference tensor outside inference mode. (A tensor autograd records is refused by the public functions,
-    ``_eager``: the op's body runs with grad mode off and cannot tell.)"""
+    inference tensor outside inference mode. (A tensor autograd records is refused by ``_refuse_recorded_writes``:
+    the op's body runs with grad mode off and cannot tell.)"""
+    if x is None:
+        to_numpy(x, name)                            # the GraphError for a missing required tensor
     if _may_overlap(x):
         raise ExecutionError(f"{op}: '{name}': more than one of its elements refers to the same memory (an expanded "
                              "or overlapping view): rotate a .clone() of it", node=op)
@@ -73,6 +82,10 @@ def check_in_place_target(op: str, name: str, x: Tensor) -> None:
 def _rotate(schema: Any, op: str, x: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str,
             partial_slice: Sequence[int]) -> None:
     arrays = [to_numpy(x, schema.inputs[0].name), to_numpy(r1, "r1"), to_numpy(r2, "r2")]
+    for table, name in ((arrays[1], "r1"), (arrays[2], "r2")):
+        if np.may_share_memory(arrays[0], table):    # by bounds: the kernel reads the tables while it writes x
+            raise ExecutionError(f"{op}: '{schema.inputs[0].name}' shares memory with '{name}': the rotation would "
+                                 f"read what it has already written; pass a .clone() of '{name}'", node=op)
     call(schema, arrays, rotary_attributes(op, rotary_mode, partial_slice), out=arrays[0])
 
 
@@ -81,7 +94,7 @@ def _rotate(schema: Any, op: str, x: Tensor, r1: Tensor, r2: Tensor, rotary_mode
 def inplace_partial_rotary_mul(x: Tensor, r1: Tensor, r2: Tensor, *, rotary_mode: str = "interleave",
                                partial_slice: Sequence[int] = (0, 0)) -> None:
     """Rotate ``x[..., start:end]`` in place (InplacePartialRotaryMul)."""
-    check_in_place_target("inplace_partial_rotary_mul", "x", x)
+    _check_in_place_target("inplace_partial_rotary_mul", "x", x)
     _rotate(schemas.FORWARD, "inplace_partial_rotary_mul", x, r1, r2, rotary_mode, partial_slice)
 
 
@@ -97,7 +110,7 @@ def inplace_partial_rotary_mul_backward(grad_output: Tensor, r1: Tensor, r2: Ten
                                         rotary_mode: str = "interleave",
                                         partial_slice: Sequence[int] = (0, 0)) -> None:
     """Replace ``grad_output`` by the gradient w.r.t. x, in place (InplacePartialRotaryMulGrad)."""
-    check_in_place_target("inplace_partial_rotary_mul_backward", "grad_output", grad_output)
+    _check_in_place_target("inplace_partial_rotary_mul_backward", "grad_output", grad_output)
     _rotate(schemas.GRAD, "inplace_partial_rotary_mul_backward", grad_output, r1, r2, rotary_mode, partial_slice)
 
 
@@ -149,15 +162,38 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
 
 partial_rotary_mul.register_autograd(_backward, setup_context=_setup)
 
+_AUTOGRAD = torch.library.Library("geir", "IMPL")
+"""The in-place ops' Autograd kernels (kept alive with the module: a Library unregisters them when collected)."""
+
+
+def _refuse_recorded_writes(name: str, written: str, instead: str) -> None:
+    """Replace the Autograd kernel ``torch.library.custom_op`` gives the in-place op ``name`` (which runs its body
+    with grad mode off and records nothing: autograd would silently miss the rotation, even of a leaf) by one that
+    raises an ExecutionError when ``written`` requires grad while grad mode is on, and otherwise calls the op below
+    autograd, as custom_op's does."""
+    op = getattr(torch.ops.geir, name).default
+
+    def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and isinstance(args[0], Tensor) and args[0].requires_grad:
+            raise ExecutionError(f"{name}: '{written}' requires grad: autograd cannot record this in-place op (the "
+                                 f"gradient would silently miss it); use geir.torch.{instead} (the differentiable "
+                                 "form), or call it under torch.no_grad()", node=name)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
+    _AUTOGRAD.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+
+_refuse_recorded_writes("inplace_partial_rotary_mul", "x", "partial_rotary_mul")
+_refuse_recorded_writes("inplace_partial_rotary_mul_backward", "grad_output", "partial_rotary_mul_backward")
+
 
 # -- the public names: each op's body straight from plain eager calls, the op itself otherwise (``_eager``) ----------
 from ._eager import eager_first, registered_body  # noqa: E402
 
 inplace_partial_rotary_mul = eager_first("inplace_partial_rotary_mul", registered_body(inplace_partial_rotary_mul),
-                                         __name__, "use geir.torch.partial_rotary_mul (the differentiable form)")
-inplace_partial_rotary_mul_backward = eager_first(
-    "inplace_partial_rotary_mul_backward", registered_body(inplace_partial_rotary_mul_backward), __name__,
-    "use geir.torch.partial_rotary_mul_backward (the differentiable form)")
+                                         __name__)
+inplace_partial_rotary_mul_backward = eager_first("inplace_partial_rotary_mul_backward",
+                                                  registered_body(inplace_partial_rotary_mul_backward), __name__)
 partial_rotary_mul = eager_first("partial_rotary_mul", registered_body(partial_rotary_mul), __name__)
 partial_rotary_mul_backward = eager_first("partial_rotary_mul_backward", registered_body(partial_rotary_mul_backward),
                                           __name__)
