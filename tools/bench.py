@@ -86,9 +86,8 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
 
 
 INTERLEAVED_ROUNDS = 30
-"""Rounds of an interleaved timing at the least (``repeat`` when that is more): each row's best of this many."""
-INTERLEAVED_LONG_ROUNDS = 7
-"""The same where a call lasts longer than a batch (milliseconds to seconds each): fewer, as ``best_time``."""
+"""Rounds of an interleaved timing of short calls at the least (``repeat`` when that is more): each row's best of
+this many. Where some call lasts longer than a batch, ``repeat`` rounds, as ``best_time`` times it."""
 
 
 def interleaved_best(fns: list[Callable[[], object]], repeat: int,
@@ -98,7 +97,7 @@ def interleaved_best(fns: list[Callable[[], object]], repeat: int,
     time.sleep(SETTLE_S)
     batches = [_warmed_batch(fn, clock) for fn in fns]
     best = [float("inf")] * len(fns)
-    for _ in range(max(repeat, INTERLEAVED_ROUNDS if min(batches) > 1 else INTERLEAVED_LONG_ROUNDS)):
+    for _ in range(max(repeat, INTERLEAVED_ROUNDS) if min(batches) > 1 else repeat):
         for i, (fn, batch) in enumerate(zip(fns, batches)):
             start = clock()
             for _ in range(batch):
@@ -460,7 +459,11 @@ def run_benchmarks(names: list[str] | None = None, quick: bool = False, repeat: 
             progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: {m.name[:40]:<40}")
             progress.flush()
         if m.interleaved and i - 1 not in timed_together:
-            group = [j for j, other in enumerate(plan) if other.interleaved and other.case == m.case]
+            group = [j for j, other in enumerate(plan) if other.interleaved and (other.op, other.case) == (m.op, m.case)]
+            if progress is not None:
+                progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: "
+                               f"{f'{len(group)} rows interleaved':<40}")
+                progress.flush()
             timed_together.update(zip(group, interleaved_best([plan[j].fn for j in group], repeat)))
         t = timed_together[i - 1] if m.interleaved else best_time(m.fn, repeat)
         for make, work in m.also:

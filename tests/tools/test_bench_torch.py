@@ -87,17 +87,25 @@ class _DriftingMachine:
 
 def test_interleaved_rows_get_their_best_over_shared_rounds_and_keep_their_difference(monkeypatch):
     monkeypatch.setattr(bench, "SETTLE_S", 0.0)
-    machine = _DriftingMachine()
-    best = bench.interleaved_best([machine.call(0.02), machine.call(0.05), machine.call(0.03)], repeat=3,
-                                  clock=machine.clock)
-    assert best == pytest.approx([0.02, 0.05, 0.03])      # each row's best round ran in a fast phase
-    assert machine.calls == 3 + 3 * bench.INTERLEAVED_LONG_ROUNDS    # a warm-up each (calls longer than a batch)
-    short = _DriftingMachine(phase=2000)
+    machine = _DriftingMachine(phase=4)              # calls longer than a batch: repeat rounds, slow every other 4
+    costs = (0.02, 0.05, 0.03)
+    best = bench.interleaved_best([machine.call(c) for c in costs], repeat=5, clock=machine.clock)
+    assert best == pytest.approx(list(costs))        # each row's best round ran in a fast phase
+    assert machine.calls == 3 + 3 * 5                # a warm-up call each, then the rounds
+    assert machine.now > 1.5 * 6 * sum(costs)        # and slow phases did happen
+    short = _DriftingMachine(phase=300)              # short calls: batches, at least INTERLEAVED_ROUNDS rounds
     costs = (2.0**-13, 2.0**-12)                     # about 0.1 and 0.2 ms, summed exactly by the fake clock
     best = bench.interleaved_best([short.call(c) for c in costs], repeat=3, clock=short.clock)
     assert best == pytest.approx(list(costs))
     batches = [int(bench.BATCH_S / c) for c in costs]
     assert short.calls == sum(1 + b + b * bench.INTERLEAVED_ROUNDS for b in batches)  # warm-ups, then 30 rounds
+    assert short.now > 1.5 * sum(c * (1 + b + b * bench.INTERLEAVED_ROUNDS) for c, b in zip(costs, batches))
+
+
+def test_an_interleaved_row_refuses_alternative_calls():
+    with pytest.raises(ValueError, match="interleaved row cannot have 'also' calls"):
+        bench.Measurement("Op", "a", "call", lambda: None, 1.0, "calls/s", interleaved=True,
+                          also=((lambda: lambda: None, 1.0),))
 
 
 def test_the_interleaved_rows_of_a_case_are_timed_together_and_judged_on_those_times(monkeypatch):

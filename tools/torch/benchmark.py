@@ -104,7 +104,8 @@ def _rows(function: str, case: str, tiny: bool, schema: Any, arrays: list[np.nda
 
     def converted() -> object:
         """``ruled`` with what a call does per tensor around it (its results are the kernel's, the tensors made
-        from them are let go): the eager check, each input's check and NumPy view, each output's tensor."""
+        from them are let go): the eager check, each input's check and NumPy view, each output's tensor. The
+        rules and kernel read ``arrays``, the same memory as the views just made, at the same cost."""
         if not eager_ready():
             raise RuntimeError("geir bench torch: the conversions row needs plain eager mode")
         for t in tensors:
