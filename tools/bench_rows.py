@@ -24,18 +24,18 @@ class Measurement:
     call, which a ratio cannot state for calls that do almost nothing."""
     beat_torch: bool = False
     interleaved: bool = False
-    """Timed together with the other interleaved rows of its case, a batch of each in turn per round, best per row
-    (``bench.interleaved_best``): rows whose difference is the point (a call and the kernel it wraps, microseconds
-    apart) are then timed under the same conditions. Timed one after another, seconds apart, on a machine whose
+    """Timed together with the other interleaved rows of its op and case, a batch of each in turn per round, best per
+    row (``bench.interleaved_best``): rows whose difference is the point (a call and the kernel it wraps,
+    microseconds apart) are then timed under the same conditions. Timed one after another, seconds apart, on a machine whose
     speed drifts (a pure-Python loop here: 34 to 52 us within two seconds), two rows can differ by more than that.
     Not with ``also`` (its alternatives would be timed apart again)."""
+    also: tuple[tuple[Callable[[], Callable[[], object]], float], ...] = ()
+    """Other ways to do the same work: (a factory of the call, the work it does); each is made, timed and let go
+    of in turn, and the row keeps the lowest time per unit of work, stated for its own ``work``."""
 
     def __post_init__(self) -> None:
         if self.interleaved and self.also:
             raise ValueError(f"bench row {self.case!r} / {self.name!r}: an interleaved row cannot have 'also' calls")
-    also: tuple[tuple[Callable[[], Callable[[], object]], float], ...] = ()
-    """Other ways to do the same work: (a factory of the call, the work it does); each is made, timed and let go
-    of in turn, and the row keeps the lowest time per unit of work, stated for its own ``work``."""
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,18 @@ def test_the_registrations_pass_torch_opcheck(name):
     torch.library.opcheck(getattr(torch.ops.geir, name).default, args, kwargs)
 
 
+@pytest.mark.parametrize("name", ["inplace_partial_rotary_mul", "inplace_partial_rotary_mul_backward"])
+def test_the_in_place_ops_pass_opcheck_with_geirs_own_autograd_kernel(name):
+    """Their Autograd kernel is rotary.py's (it refuses tensors autograd would record), not custom_op's; opcheck
+    (schema, fake kernel, dispatch) passes on inputs that need no gradient."""
+    op = getattr(torch.ops.geir, name).default
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd")
+    assert "rotary.py" in torch._C._dispatch_dump(op.name()).split("Autograd[alias]")[1].splitlines()[0]
+    args = (torch.randn(2, 4, 3, 16, dtype=torch.float64), torch.rand(1, 4, 1, 8, dtype=torch.float64),
+            torch.rand(1, 4, 1, 8, dtype=torch.float64))
+    torch.library.opcheck(op, args, {"partial_slice": [8, 16]})
+
+
 def test_import_geir_does_not_import_torch():
     code = ("import sys, geir; assert 'torch' not in sys.modules, 'torch imported'; import geir.torch; "
             "assert geir.torch is sys.modules['geir.tools.torch'] and 'torch' in sys.modules")

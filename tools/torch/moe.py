@@ -130,9 +130,14 @@ def _(grad_unpermuted_tokens: Tensor, sorted_indices: Tensor, permuted_tokens_si
       permuted_tokens_dtype: torch.dtype, probs: Tensor | None = None, padded_mode: bool = False,
       restore_shape: Sequence[int] | None = None, permuted_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     grad = grad_unpermuted_tokens
-    _check_row_count(permuted_tokens_size_0, sorted_indices.shape[0])
-    rows = grad.new_empty((permuted_tokens_size_0, grad.shape[1]), dtype=permuted_tokens_dtype)
-    return rows, probs.new_empty(probs.shape) if probs is not None else grad.new_empty(())
+    rows, slots = permuted_tokens_size_0, sorted_indices.shape[0]
+    if isinstance(rows, int) and isinstance(slots, int):
+        _check_row_count(rows, slots)
+    else:                                            # symbolic: a guard, not a Python bool of an unbacked size
+        torch._check(rows >= 0, lambda: f"[MG-S3] permuted_tokens_size_0: expected >= 0, got {rows}")
+        torch._check(rows <= slots, lambda: f"[MG-S3] permuted_tokens_size_0: expected <= {slots}, got {rows}")
+    tokens_grad = grad.new_empty((permuted_tokens_size_0, grad.shape[1]), dtype=permuted_tokens_dtype)
+    return tokens_grad, probs.new_empty(probs.shape) if probs is not None else grad.new_empty(())
 
 
 def _unpermute_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:

@@ -11,10 +11,11 @@ non-functional operator"), so the differentiable form is the functional pair ``p
 rotated) and ``partial_rotary_mul_backward``, wired as the in-place op's backward: dx = the rotary grad of dy.
 cos and sin get no gradient: the grad op computes dx only.
 
-The in-place ops refuse what torch's own in-place ops refuse, instead of giving a silently wrong result: a written
-tensor that requires grad while grad mode is on (autograd cannot record the rotation: their Autograd kernel raises,
-on every path, ``torch.ops.geir.*`` included), a written tensor whose elements may share memory, one that shares
-memory with cos or sin, and an inference tensor outside inference mode.
+The in-place ops refuse what torch's own in-place ops refuse or record, instead of giving a silently wrong result: a
+tensor that requires grad while grad mode is on, or carries a forward-AD tangent (autograd cannot record the
+rotation: their Autograd kernel raises, on every path, ``torch.ops.geir.*`` included), a written tensor whose
+elements may share memory, one whose memory range overlaps cos's or sin's, and an inference tensor outside
+inference mode.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from ...ir._errors import ExecutionError, GraphError
 from ...schemas import rotary as schemas
@@ -84,8 +86,9 @@ def _rotate(schema: Any, op: str, x: Tensor, r1: Tensor, r2: Tensor, rotary_mode
     arrays = [to_numpy(x, schema.inputs[0].name), to_numpy(r1, "r1"), to_numpy(r2, "r2")]
     for table, name in ((arrays[1], "r1"), (arrays[2], "r2")):
         if np.may_share_memory(arrays[0], table):    # by bounds: the kernel reads the tables while it writes x
-            raise ExecutionError(f"{op}: '{schema.inputs[0].name}' shares memory with '{name}': the rotation would "
-                                 f"read what it has already written; pass a .clone() of '{name}'", node=op)
+            raise ExecutionError(f"{op}: '{schema.inputs[0].name}' may share memory with '{name}' (their memory "
+                                 f"ranges overlap): the rotation could read what it has already written; pass a "
+                                 f".clone() of '{name}'", node=op)
     call(schema, arrays, rotary_attributes(op, rotary_mode, partial_slice), out=arrays[0])
 
 
@@ -166,25 +169,32 @@ _AUTOGRAD = torch.library.Library("geir", "IMPL")
 """The in-place ops' Autograd kernels (kept alive with the module: a Library unregisters them when collected)."""
 
 
-def _refuse_recorded_writes(name: str, written: str, instead: str) -> None:
+def _refuse_recorded_writes(name: str, arguments: tuple[str, str, str], instead: str) -> None:
     """Replace the Autograd kernel ``torch.library.custom_op`` gives the in-place op ``name`` (which runs its body
-    with grad mode off and records nothing: autograd would silently miss the rotation, even of a leaf) by one that
-    raises an ExecutionError when ``written`` requires grad while grad mode is on, and otherwise calls the op below
-    autograd, as custom_op's does."""
+    with grad mode off and records nothing: autograd would silently miss the rotation, even of a leaf, and give
+    cos and sin no gradient) by one that raises an ExecutionError when grad mode is on and one of its tensors
+    (``arguments``, in order) requires grad, or when forward-mode AD gives one a tangent, and otherwise calls the op
+    below autograd, as custom_op's does."""
     op = getattr(torch.ops.geir, name).default
 
     def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled() and isinstance(args[0], Tensor) and args[0].requires_grad:
-            raise ExecutionError(f"{name}: '{written}' requires grad: autograd cannot record this in-place op (the "
-                                 f"gradient would silently miss it); use geir.torch.{instead} (the differentiable "
-                                 "form), or call it under torch.no_grad()", node=name)
+        tensors = [(a, t) for a, t in zip(arguments, args) if isinstance(t, Tensor)]
+        recorded = [f"'{a}' requires grad" for a, t in tensors if t.requires_grad] if torch.is_grad_enabled() else []
+        if not recorded and _forward_ad._current_level >= 0:
+            recorded = [f"'{a}' carries a forward-AD tangent" for a, t in tensors
+                        if _forward_ad.unpack_dual(t).tangent is not None]
+        if recorded:
+            raise ExecutionError(f"{name}: {recorded[0]}: autograd cannot record this in-place op (the gradient "
+                                 f"would silently miss it); use geir.torch.{instead} (the differentiable form), or "
+                                 "call it under torch.no_grad()", node=name)
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
     _AUTOGRAD.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-_refuse_recorded_writes("inplace_partial_rotary_mul", "x", "partial_rotary_mul")
-_refuse_recorded_writes("inplace_partial_rotary_mul_backward", "grad_output", "partial_rotary_mul_backward")
+_refuse_recorded_writes("inplace_partial_rotary_mul", ("x", "r1", "r2"), "partial_rotary_mul")
+_refuse_recorded_writes("inplace_partial_rotary_mul_backward", ("grad_output", "r1", "r2"),
+                        "partial_rotary_mul_backward")
 
 
 # -- the public names: each op's body straight from plain eager calls, the op itself otherwise (``_eager``) ----------
