@@ -54,8 +54,8 @@ def _may_overlap(x: Tensor) -> bool:
     stride of some dim, taken by increasing stride, is not greater than the span of the dims of smaller stride.
     Every view made by slicing, stepping or permuting a non-overlapping tensor passes that test, so only a
     hand-made ``as_strided`` layout, overlapping or not, is refused, never rotated into elements that alias."""
-    found = torch._debug_has_internal_overlap(x)     # private, the check torch's own in-place ops make: 0 no, 1 yes,
-    # 2 too hard to tell
+    # torch's own in-place ops' check (private API): 0 no overlap, 1 overlap, 2 too hard to tell
+    found = torch._debug_has_internal_overlap(x)
     if found != 2 or x.numel() == 0:
         return found == 1
     span = 0
@@ -180,13 +180,15 @@ def _refuse_recorded_writes(name: str, arguments: tuple[str, str, str], instead:
     def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         tensors = [(a, t) for a, t in zip(arguments, args) if isinstance(t, Tensor)]
         recorded = [f"'{a}' requires grad" for a, t in tensors if t.requires_grad] if torch.is_grad_enabled() else []
+        escape = ", or call it under torch.no_grad()"
         if not recorded and _forward_ad._current_level >= 0:
             recorded = [f"'{a}' carries a forward-AD tangent" for a, t in tensors
                         if _forward_ad.unpack_dual(t).tangent is not None]
+            escape = ""
         if recorded:
             raise ExecutionError(f"{name}: {recorded[0]}: autograd cannot record this in-place op (the gradient "
-                                 f"would silently miss it); use geir.torch.{instead} (the differentiable form), or "
-                                 "call it under torch.no_grad()", node=name)
+                                 f"would silently miss it); use geir.torch.{instead} (the differentiable form)"
+                                 f"{escape}", node=name)
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
     _AUTOGRAD.impl(name, autograd_kernel, "Autograd", with_keyset=True)
