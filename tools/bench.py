@@ -454,16 +454,14 @@ def run_benchmarks(names: list[str] | None = None, quick: bool = False, repeat: 
     ratios: list[float | None] = []
     timed_together: dict[int, float] = {}
     for i, m in enumerate(plan, 1):
+        group = ([j for j, other in enumerate(plan) if other.interleaved and (other.op, other.case) == (m.op, m.case)]
+                 if m.interleaved and i - 1 not in timed_together else [])
         if progress is not None:
             done = int(30 * i / len(plan))
-            progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: {m.name[:40]:<40}")
+            label = f"{len(group)} rows interleaved" if group else m.name[:40]
+            progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: {label:<40}")
             progress.flush()
-        if m.interleaved and i - 1 not in timed_together:
-            group = [j for j, other in enumerate(plan) if other.interleaved and (other.op, other.case) == (m.op, m.case)]
-            if progress is not None:
-                progress.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(plan)} {m.op}: "
-                               f"{f'{len(group)} rows interleaved':<40}")
-                progress.flush()
+        if group:
             timed_together.update(zip(group, interleaved_best([plan[j].fn for j in group], repeat)))
         t = timed_together[i - 1] if m.interleaved else best_time(m.fn, repeat)
         for make, work in m.also:

@@ -26,9 +26,9 @@ class Measurement:
     interleaved: bool = False
     """Timed together with the other interleaved rows of its op and case, a batch of each in turn per round, best per
     row (``bench.interleaved_best``): rows whose difference is the point (a call and the kernel it wraps,
-    microseconds apart) are then timed under the same conditions. Timed one after another, seconds apart, on a machine whose
-    speed drifts (a pure-Python loop here: 34 to 52 us within two seconds), two rows can differ by more than that.
-    Not with ``also`` (its alternatives would be timed apart again)."""
+    microseconds apart) are then timed under the same conditions. Timed one after another, seconds apart, on a
+    machine whose speed drifts (a pure-Python loop here: 34 to 52 us within two seconds), two rows can differ by
+    more than that. Not with ``also`` (its alternatives would be timed apart again)."""
     also: tuple[tuple[Callable[[], Callable[[], object]], float], ...] = ()
     """Other ways to do the same work: (a factory of the call, the work it does); each is made, timed and let go
     of in turn, and the row keeps the lowest time per unit of work, stated for its own ``work``."""

@@ -31,7 +31,7 @@ from ...runtimes.numpy._kernels import kernel_for
 from ...schemas import DataContext
 from ..builder import GraphBuilder
 
-__all__ = ["Prepared", "call", "caller_location", "prepare", "signature_key", "to_numpy", "to_torch"]
+__all__ = ["Prepared", "call", "caller_location", "missing_tensor", "prepare", "signature_key", "to_numpy", "to_torch"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _TORCH_BF16 = torch.bfloat16
@@ -40,12 +40,17 @@ MAX_PREPARED = 4096
 """Call signatures kept (the cache is emptied when full)."""
 
 
+def missing_tensor(name: str, op: str = "geir.torch") -> GraphError:
+    """The error for None given for the required Tensor argument ``name`` (torch's dispatcher lets it through)."""
+    return GraphError(f"{op}: input '{name}': expected a tensor, got None (it is not optional)",
+                      node=None if op == "geir.torch" else op, location=caller_location())
+
+
 def to_numpy(tensor: torch.Tensor, name: str) -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (no copy; strides kept); ExecutionError for any other device, GraphError
     for None (torch's dispatcher lets None through for a required Tensor argument)."""
     if tensor is None:
-        raise GraphError(f"geir.torch: input '{name}': expected a tensor, got None (it is not optional)",
-                         location=caller_location())
+        raise missing_tensor(name)
     if not tensor.is_cpu:
         raise ExecutionError(f"geir.torch: '{name}' is a {tensor.device.type} tensor ({tensor.device}): geir computes "
                              "on the CPU only (no GPU path yet); move it with .cpu()")

@@ -36,8 +36,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from ...ir._errors import GraphError
-from ._bridge import caller_location
+from ._bridge import missing_tensor
 
 __all__ = ["eager_first", "eager_ready", "plain_tensor", "registered_body"]
 
@@ -118,11 +117,6 @@ def _argument(arg: Any, name: str, params: Mapping[str, inspect.Parameter],
             f"{a}={converted}" if keyword else converted, f"{a}={a}" if arg.kwarg_only else a)
 
 
-def _missing(op: str, argument: str) -> GraphError:
-    return GraphError(f"{op}: input '{argument}': expected a tensor, got None (it is not optional)",
-                      node=op, location=caller_location())
-
-
 def eager_first(name: str, body: Callable[..., Any], module: str) -> Callable[..., Any]:
     """``torch.ops.geir.<name>``'s signature as a function that calls ``body`` (the op's own body, or one the op's
     registration provably calls with the same arguments) where the dispatcher would add nothing, else the op.
@@ -135,7 +129,7 @@ def eager_first(name: str, body: Callable[..., Any], module: str) -> Callable[..
     free: dict[str, Any] = {"_body": body, "_op": op, "_plain": plain_tensor, "_plain_mutable": _plain_mutable,
                             "_ints": _ints, "_dtype": torch.dtype, "_compiling": torch.compiler.is_compiling,
                             "_ready": eager_ready, "_bump": torch.autograd.graph.increment_version,
-                            "_missing": _missing}
+                            "_missing": missing_tensor}
     signature, checks, body_args, op_args = [], [], [], []
     for arg in op._schema.arguments:
         if arg.kwarg_only and "*" not in signature:
@@ -152,7 +146,7 @@ def eager_first(name: str, body: Callable[..., Any], module: str) -> Callable[..
              f"        if not _compiling() and _ready() and {' and '.join(checks)}:",
              *[f"            _bump({a})" for a in bumps],          # as the op's ADInplaceOrView kernel, first
              f"            return _body({', '.join(body_args)})",
-             *[f"        if {a} is None:\n            raise _missing({name!r}, {a!r})" for a in required],
+             *[f"        if {a} is None:\n            raise _missing({a!r}, {name!r})" for a in required],
              f"        return _op({', '.join(op_args)})",
              f"    return {name}"]
     source = "\n".join(lines)

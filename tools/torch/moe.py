@@ -82,10 +82,14 @@ def _(permuted_tokens: Tensor, grad_unpermuted_tokens: Tensor, sorted_indices: T
     return rows, probs.new_empty(probs.shape) if probs is not None else grad.new_empty((grad.shape[0], 1))
 
 
-def _check_row_count(rows: int, slots: int) -> None:
+def _check_row_count(rows: Any, slots: Any) -> None:
     """MG-S3 on grad_v2's ``permuted_tokens_size_0``: the forward's row count, in [0, len(sorted_indices)] (a negative
-    one would otherwise be read as a slice from the end); the same on real and fake tensors."""
-    if not 0 <= rows <= slots:
+    one would otherwise be read as a slice from the end); the same on real and fake tensors. Symbolic sizes (a
+    traced call) get torch._check guards, not a Python bool, which an unbacked size cannot give."""
+    if not (isinstance(rows, int) and isinstance(slots, int)):
+        torch._check(rows >= 0, lambda: f"[MG-S3] permuted_tokens_size_0: expected >= 0, got {rows}")
+        torch._check(rows <= slots, lambda: f"[MG-S3] permuted_tokens_size_0: expected <= {slots}, got {rows}")
+    elif not 0 <= rows <= slots:
         raise GraphError(f"[MG-S3] npu_moe_token_unpermute_grad_v2: permuted_tokens_size_0: expected a row count in "
                          f"[0, {slots}] (len(sorted_indices)), got {rows}", rule="MG-S3")
 
@@ -130,12 +134,7 @@ def _(grad_unpermuted_tokens: Tensor, sorted_indices: Tensor, permuted_tokens_si
       permuted_tokens_dtype: torch.dtype, probs: Tensor | None = None, padded_mode: bool = False,
       restore_shape: Sequence[int] | None = None, permuted_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     grad = grad_unpermuted_tokens
-    rows, slots = permuted_tokens_size_0, sorted_indices.shape[0]
-    if isinstance(rows, int) and isinstance(slots, int):
-        _check_row_count(rows, slots)
-    else:                                            # symbolic: a guard, not a Python bool of an unbacked size
-        torch._check(rows >= 0, lambda: f"[MG-S3] permuted_tokens_size_0: expected >= 0, got {rows}")
-        torch._check(rows <= slots, lambda: f"[MG-S3] permuted_tokens_size_0: expected <= {slots}, got {rows}")
+    _check_row_count(permuted_tokens_size_0, sorted_indices.shape[0])
     tokens_grad = grad.new_empty((permuted_tokens_size_0, grad.shape[1]), dtype=permuted_tokens_dtype)
     return tokens_grad, probs.new_empty(probs.shape) if probs is not None else grad.new_empty(())
 

@@ -29,7 +29,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from ...ir._errors import ExecutionError, GraphError
 from ...schemas import rotary as schemas
-from ._bridge import call, to_numpy
+from ._bridge import call, missing_tensor, to_numpy
 
 __all__ = ["ROTARY_MODES", "inplace_partial_rotary_mul", "inplace_partial_rotary_mul_backward", "partial_rotary_mul",
            "partial_rotary_mul_backward"]
@@ -72,7 +72,7 @@ def _check_in_place_target(op: str, name: str, x: Tensor) -> None:
     inference tensor outside inference mode. (A tensor autograd records is refused by ``_refuse_recorded_writes``:
     the op's body runs with grad mode off and cannot tell.)"""
     if x is None:
-        to_numpy(x, name)                            # the GraphError for a missing required tensor
+        raise missing_tensor(name, op)
     if _may_overlap(x):
         raise ExecutionError(f"{op}: '{name}': more than one of its elements refers to the same memory (an expanded "
                              "or overlapping view): rotate a .clone() of it", node=op)
@@ -169,13 +169,14 @@ _AUTOGRAD = torch.library.Library("geir", "IMPL")
 """The in-place ops' Autograd kernels (kept alive with the module: a Library unregisters them when collected)."""
 
 
-def _refuse_recorded_writes(name: str, arguments: tuple[str, str, str], instead: str) -> None:
+def _refuse_recorded_writes(name: str, instead: str) -> None:
     """Replace the Autograd kernel ``torch.library.custom_op`` gives the in-place op ``name`` (which runs its body
     with grad mode off and records nothing: autograd would silently miss the rotation, even of a leaf, and give
     cos and sin no gradient) by one that raises an ExecutionError when grad mode is on and one of its tensors
-    (``arguments``, in order) requires grad, or when forward-mode AD gives one a tangent, and otherwise calls the op
-    below autograd, as custom_op's does."""
+    requires grad, or when forward-mode AD gives one a tangent, and otherwise calls the op below autograd, as
+    custom_op's does."""
     op = getattr(torch.ops.geir, name).default
+    arguments = [a.name for a in op._schema.arguments if str(a.real_type) == "Tensor"]   # leading: x (or dy), r1, r2
 
     def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         tensors = [(a, t) for a, t in zip(arguments, args) if isinstance(t, Tensor)]
@@ -194,9 +195,8 @@ def _refuse_recorded_writes(name: str, arguments: tuple[str, str, str], instead:
     _AUTOGRAD.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-_refuse_recorded_writes("inplace_partial_rotary_mul", ("x", "r1", "r2"), "partial_rotary_mul")
-_refuse_recorded_writes("inplace_partial_rotary_mul_backward", ("grad_output", "r1", "r2"),
-                        "partial_rotary_mul_backward")
+_refuse_recorded_writes("inplace_partial_rotary_mul", "partial_rotary_mul")
+_refuse_recorded_writes("inplace_partial_rotary_mul_backward", "partial_rotary_mul_backward")
 
 
 # -- the public names: each op's body straight from plain eager calls, the op itself otherwise (``_eager``) ----------
